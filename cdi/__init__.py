@@ -1,0 +1,1 @@
+"""Container Device Interface (CDI) specs: model, validation, atomic writes. Imports nothing of `driver`."""

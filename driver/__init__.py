@@ -1,0 +1,1 @@
+"""Tandem: a Kubernetes DRA driver for NVIDIA GPUs and RDMA (RoCE) NICs."""

@@ -1,0 +1,109 @@
+"""The vocabulary every part of the driver shares: devices, their attributes, health and taints.
+
+Discovery produces these values, the inventory holds them, and the slice publisher, the prepare
+path, the health stream and the CLI read them. They are plain immutable values so that a snapshot
+handed to another thread can never change under it.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+STANDARD_DOMAIN = "resource.kubernetes.io"
+PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
+PCIE_ROOT = f"{STANDARD_DOMAIN}/pcieRoot"
+NUMA_NODE = f"{STANDARD_DOMAIN}/numaNode"
+
+
+class DeviceKind(enum.StrEnum):
+    GPU = "gpu"
+    MIG = "mig"
+    NIC = "nic"
+
+
+class Health(enum.StrEnum):
+    """Mirrors the kubelet health stream's HealthStatus values."""
+
+    UNKNOWN = "Unknown"
+    HEALTHY = "Healthy"
+    UNHEALTHY = "Unhealthy"
+
+
+class TaintEffect(enum.StrEnum):
+    NONE = "None"
+    NO_SCHEDULE = "NoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True, order=True)
+class Version:
+    """A semantic-version attribute value (published as `version`, not `string`)."""
+
+    value: str
+
+
+# A scalar attribute value, or a list of one scalar type (list-typed attributes, alpha in 1.37).
+Scalar = bool | int | str | Version
+AttrValue = Scalar | tuple[bool, ...] | tuple[int, ...] | tuple[str, ...] | tuple[Version, ...]
+
+
+@dataclass(frozen=True)
+class Taint:
+    """A device taint. `time_added` is owned by the publisher, which keeps the first time it saw it."""
+
+    key: str
+    effect: TaintEffect
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """What the prepare path needs to know about a GPU or MIG device beyond its attributes."""
+
+    minor: int
+    uuid: str
+    pci_bus_id: str
+    parent_uuid: str = ""
+    mig_gi: int | None = None
+    mig_ci: int | None = None
+    # /dev/nvidia-caps/nvidia-cap<N> minors that grant access to a MIG device.
+    mig_caps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class NicInfo:
+    """Identity of an RDMA NIC function, keyed by PCI address so it survives renames and moves."""
+
+    pci_address: str
+    ifname: str
+    rdma_device: str
+    mac: str = ""
+    ipv4: tuple[str, ...] = ()  # CIDR form, e.g. "10.0.0.5/24"
+    ipv6: tuple[str, ...] = ()
+    uverbs: str = ""  # e.g. "uverbs0": /dev/infiniband/uverbs0
+    umad: str = ""
+    issm: str = ""
+    present: bool = True  # False while the netdev is not visible on the host (e.g. moved into a pod)
+
+
+@dataclass(frozen=True)
+class Device:
+    """One allocatable device as published in the node's ResourceSlice pool.
+
+    Attribute keys without a domain are in the driver's domain; standard ones carry their
+    `resource.kubernetes.io/` prefix. Capacities are Kubernetes quantity strings.
+    """
+
+    name: str
+    kind: DeviceKind
+    attributes: dict[str, AttrValue] = field(default_factory=dict)
+    capacity: dict[str, str] = field(default_factory=dict)
+    taints: tuple[Taint, ...] = ()
+    health: Health = Health.HEALTHY
+    health_message: str = ""
+    gpu: GpuInfo | None = None
+    nic: NicInfo | None = None
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.kind))
