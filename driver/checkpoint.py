@@ -1,0 +1,160 @@
+"""Durable record of prepared claims, shared by every driver instance on the node.
+
+The kubelet may send Unprepare to a different process than the one that prepared (restart,
+rolling update) and does not resend the claim, so everything unprepare needs lives here. The
+file is versioned and read leniently: a newer field never breaks an older reader, and a corrupt
+file is moved aside with an error instead of crash-looping the daemon.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from driver.fsutil import atomic_write
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+STATE_STARTED = "PrepareStarted"
+STATE_COMPLETED = "PrepareCompleted"
+
+
+@dataclass(frozen=True)
+class DeviceRecord:
+    request_names: tuple[str, ...]
+    pool: str
+    device: str
+    cdi_device_ids: tuple[str, ...] = ()
+    share_id: str | None = None
+    admin_access: bool = False
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> DeviceRecord:
+        return cls(
+            request_names=tuple(raw.get("requestNames", ())),
+            pool=str(raw["pool"]),
+            device=str(raw["device"]),
+            cdi_device_ids=tuple(raw.get("cdiDeviceIDs", ())),
+            share_id=raw.get("shareID"),
+            admin_access=bool(raw.get("adminAccess", False)),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"requestNames": list(self.request_names), "pool": self.pool, "device": self.device}
+        if self.cdi_device_ids:
+            out["cdiDeviceIDs"] = list(self.cdi_device_ids)
+        if self.share_id is not None:
+            out["shareID"] = self.share_id
+        if self.admin_access:
+            out["adminAccess"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    namespace: str
+    name: str
+    uid: str
+    state: str = STATE_COMPLETED
+    devices: tuple[DeviceRecord, ...] = ()
+    # Fields written by a newer driver version, kept so that a rewrite by this version loses nothing.
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_json(cls, uid: str, raw: dict[str, Any]) -> ClaimRecord:
+        known = {"namespace", "name", "state", "devices"}
+        return cls(
+            namespace=str(raw["namespace"]),
+            name=str(raw["name"]),
+            uid=uid,
+            state=str(raw.get("state", STATE_COMPLETED)),
+            devices=tuple(DeviceRecord.from_json(d) for d in raw.get("devices", ())),
+            extra={k: v for k, v in raw.items() if k not in known},
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **self.extra,
+            "namespace": self.namespace,
+            "name": self.name,
+            "state": self.state,
+            "devices": [d.to_json() for d in self.devices],
+        }
+
+
+class Checkpoint:
+    """`<data dir>/checkpoint.json`, guarded by a thread lock and `<data dir>/serialize.lock` (flock).
+
+    Every transaction re-reads the file under the lock, so two daemon instances on one node
+    (rolling update) always see each other's writes.
+    """
+
+    def __init__(self, data_dir: Path, boot_id: str) -> None:
+        self.path = data_dir / "checkpoint.json"
+        self._lock_path = data_dir / "serialize.lock"
+        self._boot_id = boot_id
+        self._mutex = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._mutex:
+            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+    def _load(self) -> dict[str, ClaimRecord]:
+        try:
+            raw = json.loads(self.path.read_bytes())
+            if not isinstance(raw, dict) or not isinstance(raw.get("claims", {}), dict):
+                raise ValueError("top level is not an object with a 'claims' object")
+            if int(raw.get("version", 0)) > FORMAT_VERSION:
+                log.warning("checkpoint written by a newer driver (format %s); reading known fields", raw["version"])
+            if self._boot_id and raw.get("bootID") not in (None, "", self._boot_id):
+                log.warning(
+                    "checkpoint is from an earlier boot; its %d claims are no longer prepared",
+                    len(raw.get("claims", {})),
+                )
+                return {}
+            return {uid: ClaimRecord.from_json(uid, c) for uid, c in raw.get("claims", {}).items()}
+        except FileNotFoundError:
+            return {}
+        except (ValueError, KeyError, TypeError) as e:
+            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
+            os.replace(self.path, aside)
+            log.error("checkpoint %s is unreadable (%s); moved aside to %s, starting empty", self.path, e, aside)
+            return {}
+
+    def _store(self, claims: dict[str, ClaimRecord]) -> None:
+        doc = {
+            "version": FORMAT_VERSION,
+            "bootID": self._boot_id,
+            "claims": {uid: c.to_json() for uid, c in sorted(claims.items())},
+        }
+        atomic_write(self.path, json.dumps(doc, indent=1).encode(), mode=0o600)
+
+    def read(self) -> dict[str, ClaimRecord]:
+        with self._locked():
+            return self._load()
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[dict[str, ClaimRecord]]:
+        """Yields the current claims; stores them atomically when the block ends without error."""
+        with self._locked():
+            claims = self._load()
+            before = dict(claims)
+            yield claims
+            if claims != before:
+                self._store(claims)

@@ -1,0 +1,134 @@
+"""Command lines: `tandem-driver` (run, demo) and `tandemctl`.
+
+Every daemon flag can also come from an environment variable, because a DaemonSet sets
+NODE_NAME and POD_UID through the downward API and later tooling drives the daemon that way.
+A bad value is a one-line error and exit code 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from driver.config import Config, ConfigError, parse_device_kinds
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse prints usage plus an error; we want exactly one line an SRE can read in a pod log."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--node-name", default=_env("NODE_NAME", ""), help="this node's name (NODE_NAME, required)")
+    add("--driver-name", default=_env("DRIVER_NAME", "tandem.dev"), help="DRA driver name (DRIVER_NAME)")
+    add("--kubeconfig", default=_env("KUBECONFIG", ""), help="kubeconfig path; default in-cluster (KUBECONFIG)")
+    add(
+        "--kubelet-registrar-dir",
+        default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry"),
+        help="kubelet plugin registry directory (KUBELET_REGISTRAR_DIRECTORY_PATH)",
+    )
+    add(
+        "--kubelet-plugins-dir",
+        default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
+        help="parent of the driver's data dir <it>/<driver-name> (KUBELET_PLUGINS_DIRECTORY_PATH)",
+    )
+    add("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory (CDI_ROOT)")
+    add("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="sysfs mount (SYSFS_ROOT)")
+    add("--dev-root", default=_env("DEV_ROOT", "/dev"), help="where device nodes are found (DEV_ROOT)")
+    add(
+        "--nvidia-driver-root",
+        default=_env("NVIDIA_DRIVER_ROOT", "/"),
+        help="root of the NVIDIA user-space driver files (NVIDIA_DRIVER_ROOT)",
+    )
+    add("--pod-uid", default=_env("POD_UID", ""), help="this pod's UID, enables rolling-update sockets (POD_UID)")
+    add("--device-kinds", default=_env("DEVICE_KINDS", "gpu,nic"), help="kinds to serve: gpu,nic (DEVICE_KINDS)")
+    add(
+        "--list-attributes",
+        action="store_true",
+        default=_env("LIST_ATTRIBUTES", "") in ("1", "true", "yes"),
+        help="publish list-typed attributes (needs the DRAListTypeAttributes gate) (LIST_ATTRIBUTES)",
+    )
+    add(
+        "--rediscover-period",
+        type=float,
+        default=float(_env("REDISCOVER_PERIOD", "60")),
+        help="seconds between full rediscoveries (REDISCOVER_PERIOD)",
+    )
+    add("--metrics-address", default=_env("METRICS_ADDRESS", ""), help="HOST:PORT for Prometheus metrics")
+    _add_log_flags(p)
+
+
+def _add_log_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-v", "--verbose", action="count", default=int(_env("VERBOSITY", "0") or 0))
+    p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(LOG_FORMAT)")
+
+
+def config_from_args(ns: argparse.Namespace) -> Config:
+    return Config(
+        node_name=ns.node_name,
+        driver_name=ns.driver_name,
+        kubeconfig=ns.kubeconfig or None,
+        registrar_dir=Path(ns.kubelet_registrar_dir),
+        plugins_dir=Path(ns.kubelet_plugins_dir),
+        cdi_root=Path(ns.cdi_root),
+        sysfs_root=Path(ns.sysfs_root),
+        dev_root=Path(ns.dev_root),
+        nvidia_driver_root=Path(ns.nvidia_driver_root),
+        pod_uid=ns.pod_uid,
+        device_kinds=parse_device_kinds(ns.device_kinds),
+        list_attributes=ns.list_attributes,
+        rediscover_period=ns.rediscover_period,
+        metrics_address=ns.metrics_address,
+    ).validate()
+
+
+def driver_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="tandem-driver", description="Tandem DRA driver for NVIDIA GPUs and RDMA NICs")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    _add_run_flags(sub.add_parser("run", help="run the node daemon (default)"))
+    demo = sub.add_parser("demo", help="run the whole driver on a simulated cluster and node")
+    demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
+    _add_log_flags(demo)
+    return p
+
+
+def driver_main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in ("run", "demo", "-h", "--help"):
+        args.insert(0, "run")
+    parser = driver_parser()
+    ns = parser.parse_args(args)
+    from driver import logs
+
+    logs.setup(ns.verbose, ns.log_format)
+    if ns.command == "demo":
+        from driver.demo import run_demo
+
+        return run_demo(keep=ns.keep, verbose=ns.verbose)
+    try:
+        config = config_from_args(ns)
+    except ConfigError as e:
+        parser.error(str(e))
+    from driver.daemon import run_daemon
+
+    return run_daemon(config)
+
+
+def ctl_main(argv: Sequence[str] | None = None) -> int:
+    from driver.ctl import main
+
+    return main(argv)

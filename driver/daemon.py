@@ -1,0 +1,184 @@
+"""The composition root: builds every part from the Config and wires them together.
+
+Start order follows the kubelet's expectations: the DRA socket is served before the
+registration socket appears, so the kubelet can connect as soon as it reads GetInfo. Shutdown
+runs the other way round and removes this instance's own sockets, so a rolling update's other
+instance keeps serving.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import stat
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+from driver.checkpoint import Checkpoint
+from driver.config import Config
+from driver.fsutil import boot_id
+from driver.inventory import Inventory
+from driver.kubeapi import KubeAPI
+from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.kubelet.registration import (
+    RegistrationServicer,
+    check_socket_path,
+    dra_socket_path,
+    registration_socket_path,
+)
+from driver.kubelet.service import add_dra_services
+from driver.model import DeviceKind
+from driver.prepare import Preparer
+from driver.refresh import RefreshLoop, SourceUnavailable
+from driver.slices import SlicePublisher
+
+log = logging.getLogger(__name__)
+
+SHUTDOWN_GRACE = 10.0  # seconds in-flight prepare/unprepare calls get to finish on SIGTERM
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """A socket file left by a killed instance would make bind fail; anything else is not ours."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+    path.unlink()
+
+
+def _serve_unix(server: grpc.Server, path: Path) -> None:
+    check_socket_path(path)
+    _remove_stale_socket(path)
+    if server.add_insecure_port(f"unix://{path}") == 0:
+        raise RuntimeError(f"cannot listen on {path}")
+
+
+class Daemon:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.data_dir = config.data_dir
+        self.dra_socket = dra_socket_path(self.data_dir, config.pod_uid)
+        self.reg_socket = registration_socket_path(config.registrar_dir, config.driver_name, config.pod_uid)
+        self.inventory = Inventory()
+        self.api = KubeAPI(config.kubeconfig)
+        self.checkpoint = Checkpoint(self.data_dir, boot_id())
+        self.preparer = Preparer(
+            claims=self.api,
+            checkpoint=self.checkpoint,
+            driver_name=config.driver_name,
+            pool=config.node_name,
+            lookup_device=self.inventory.get,
+        )
+        self.publisher = SlicePublisher(
+            api=self.api,
+            driver_name=config.driver_name,
+            node_name=config.node_name,
+            get_devices=self.inventory.devices,
+            list_attributes=config.list_attributes,
+        )
+        self.inventory.subscribe(self.publisher.trigger)
+        self.sources: list[RefreshLoop] = self._build_sources()
+        self._dra_server: grpc.Server | None = None
+        self._reg_server: grpc.Server | None = None
+        self.registration: RegistrationServicer | None = None
+
+    def _build_sources(self) -> list[RefreshLoop]:
+        cfg = self.config
+        sources = []
+        if DeviceKind.GPU in cfg.device_kinds:
+            from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
+
+            gpus = GpuDiscovery(sysfs_root=cfg.sysfs_root, list_attributes=cfg.list_attributes)
+
+            def discover_gpus():  # type: ignore[no-untyped-def]
+                try:
+                    return gpus.discover()
+                except NvmlUnavailable as e:
+                    raise SourceUnavailable(str(e)) from e
+
+            sources.append(RefreshLoop("gpu", discover_gpus, self.inventory, cfg.rediscover_period))
+        if DeviceKind.NIC in cfg.device_kinds:
+            from driver.discovery.nic import NicDiscovery
+
+            nics = NicDiscovery(sysfs_root=cfg.sysfs_root, dev_root=cfg.dev_root, list_attributes=cfg.list_attributes)
+            sources.append(
+                RefreshLoop(
+                    "nic", lambda: nics.discover(keep=self._allocated_nics()), self.inventory, cfg.rediscover_period
+                )
+            )
+        return sources
+
+    def _allocated_nics(self) -> set[str]:
+        """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""
+        prepared = {d.device for c in self.checkpoint.read().values() for d in c.devices}
+        out = set()
+        for name in prepared:
+            dev = self.inventory.get(name)
+            if dev is not None and dev.nic is not None:
+                out.add(dev.nic.pci_address)
+        return out
+
+    def start(self) -> None:
+        cfg = self.config
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        cfg.registrar_dir.mkdir(parents=True, exist_ok=True)
+        for source in self.sources:
+            source.start()
+        self.publisher.start()
+
+        self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
+        services = add_dra_services(self._dra_server, self.preparer)
+        _serve_unix(self._dra_server, self.dra_socket)
+        self._dra_server.start()
+        log.info("serving %s on %s", ", ".join(services), self.dra_socket)
+
+        self.registration = RegistrationServicer(cfg.driver_name, self.dra_socket, services)
+        self._reg_server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, self._reg_server)
+        _serve_unix(self._reg_server, self.reg_socket)
+        self._reg_server.start()
+        log.info("registration socket %s ready for the kubelet", self.reg_socket)
+
+    def stop(self) -> None:
+        """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
+        if self._reg_server is not None:
+            self._reg_server.stop(grace=1).wait()
+        with contextlib.suppress(FileNotFoundError):
+            self.reg_socket.unlink()
+        if self._dra_server is not None:
+            self._dra_server.stop(grace=SHUTDOWN_GRACE).wait()
+        with contextlib.suppress(FileNotFoundError):
+            self.dra_socket.unlink()
+        self.preparer.close()
+        for source in self.sources:
+            source.stop()
+        self.publisher.stop()  # slices stay: a restart must not cause scheduling churn
+        log.info("stopped")
+
+
+def run_daemon(config: Config) -> int:
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    log.info("starting node=%s driver=%s pid=%d", config.node_name, config.driver_name, os.getpid())
+    try:
+        daemon = Daemon(config)
+        daemon.start()
+    except Exception as e:
+        log.error("cannot start: %s", e)
+        return 1
+    stop.wait()
+    daemon.stop()
+    return 0

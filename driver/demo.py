@@ -1,0 +1,219 @@
+"""`tandem-driver demo`: the whole driver on a laptop, with the simulation standing in for the world.
+
+It starts a simulated API server and a simulated HGX H100 node (8 GPUs, 4 RoCE NICs, 2 NUMA
+nodes), runs the real daemon as a separate process against them, plays the kubelet, and walks
+through what an SRE would check: the published devices, a claim for a GPU and the NIC on the
+same PCIe root, what the kubelet gets back on prepare, and a clean unprepare and shutdown.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from driver.sim.apiserver import SimApiServer
+from driver.sim.kubelet import ClaimRef, KubeletSim
+from driver.sim.nvml import env_for, write_state
+from driver.sim.profile import NodeProfile, h100_node
+from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from driver.sim.sysfs import render_node
+
+DRIVER = "tandem.dev"
+PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+@dataclass
+class SimNode:
+    """A rendered simulated node: directories and environment a daemon process needs."""
+
+    root: Path
+    profile: NodeProfile
+    sysfs: Path
+    dev: Path
+    registry: Path
+    plugins: Path
+    cdi: Path
+    nvidia_root: Path
+    env: dict[str, str]
+
+    @classmethod
+    def create(cls, root: Path, profile: NodeProfile) -> SimNode:
+        dirs = {name: root / name for name in ("sys", "dev", "registry", "plugins", "cdi", "nvidia")}
+        for d in dirs.values():
+            d.mkdir(parents=True, exist_ok=True)
+        render_node(profile, dirs["sys"], dirs["dev"])
+        state = root / "nvml-state.json"
+        write_state(profile, state)
+        return cls(
+            root,
+            profile,
+            dirs["sys"],
+            dirs["dev"],
+            dirs["registry"],
+            dirs["plugins"],
+            dirs["cdi"],
+            dirs["nvidia"],
+            env_for(state),
+        )
+
+    def daemon_args(self, kubeconfig: Path, *extra: str) -> list[str]:
+        return [
+            sys.executable, "-m", "driver", "run",
+            "--node-name", self.profile.name,
+            "--driver-name", DRIVER,
+            "--kubeconfig", str(kubeconfig),
+            "--kubelet-registrar-dir", str(self.registry),
+            "--kubelet-plugins-dir", str(self.plugins),
+            "--cdi-root", str(self.cdi),
+            "--sysfs-root", str(self.sysfs),
+            "--dev-root", str(self.dev),
+            "--nvidia-driver-root", str(self.nvidia_root),
+            *extra,
+        ]  # fmt: skip
+
+    def start_daemon(self, kubeconfig: Path, log_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
+        full_env = {**os.environ, **self.env, **(env or {})}
+        full_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (self.env.get("PYTHONPATH", ""), _repo_root(), os.environ.get("PYTHONPATH", "")) if p
+        )
+        with open(log_path, "ab") as log:
+            return subprocess.Popen(self.daemon_args(kubeconfig, *extra), env=full_env, stdout=log, stderr=log)
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def stop_daemon(proc: subprocess.Popen, timeout: float = 20) -> int:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def device_table(devices: list[dict]) -> str:
+    rows = [["DEVICE", "TYPE", "MODEL / INTERFACE", "NUMA", "PCIE ROOT", "PCI BUS ID"]]
+    for d in devices:
+        model = attribute(d, "productName") or attribute(d, "ifName") or ""
+        rows.append([
+            d["name"], str(attribute(d, "type") or ""), str(model), str(attribute(d, NUMA) if attribute(d, NUMA)
+            is not None else "-"), str(attribute(d, PCIE_ROOT) or "-"),
+            str(attribute(d, "resource.kubernetes.io/pciBusID") or "-"),
+        ])  # fmt: skip
+    return _table(rows)
+
+
+def _step(text: str) -> None:
+    print(f"\n== {text}", flush=True)
+
+
+@contextlib.contextmanager
+def _workdir(keep: bool) -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="tandem-demo-"))
+    try:
+        yield root
+    finally:
+        if keep:
+            print(f"\n(kept {root})")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run_demo(keep: bool = False, verbose: int = 0) -> int:
+    with _workdir(keep) as root, SimApiServer() as srv:
+        srv.start()
+        profile = h100_node("demo-node")
+        node = SimNode.create(root, profile)
+        srv.add_node(profile.name)
+        kubeconfig = srv.write_kubeconfig(root / "kubeconfig")
+        log_path = root / "daemon.log"
+        _step(
+            f"simulated cluster at {srv.url}; simulated node {profile.name!r}: "
+            f"{len(profile.gpus)} GPUs, {len(profile.nics)} RoCE NICs, {profile.numa_nodes} NUMA nodes"
+        )
+        proc = node.start_daemon(kubeconfig, log_path, *(["-v"] if verbose else []))
+        try:
+            return _story(srv, node, proc, log_path)
+        except Exception as e:
+            print(f"\ndemo failed: {e}\n--- daemon log ({log_path}) ---", file=sys.stderr)
+            print(log_path.read_text()[-6000:], file=sys.stderr)
+            return 1
+        finally:
+            stop_daemon(proc)
+
+
+def _story(srv: SimApiServer, node: SimNode, proc: subprocess.Popen, log_path: Path) -> int:
+    expected = len(node.profile.gpus) + len(node.profile.nics)
+    with KubeletSim(node.registry) as kubelet:
+        sock = kubelet.wait_for_registration_socket(DRIVER, timeout=30)
+        info = kubelet.register(sock)
+        _step(
+            f"kubelet registered plugin {info.name!r}: endpoint {info.endpoint}, "
+            f"services {', '.join(info.supported_versions)} (using {info.dra_version})"
+        )
+
+        if not srv.wait_for(lambda: len(published_devices(srv, DRIVER, node.profile.name)) >= expected, timeout=30):
+            raise RuntimeError(
+                f"expected {expected} published devices, got {len(published_devices(srv, DRIVER, node.profile.name))}"
+            )
+        devices = published_devices(srv, DRIVER, node.profile.name)
+        slices = [s for s in srv.list("resourceslices") if s["spec"]["driver"] == DRIVER]
+        _step(f"published ResourceSlices: {len(slices)} slice(s), {len(devices)} devices in pool {node.profile.name!r}")
+        print(device_table(devices))
+
+        _step("claim 'train-0': one GPU and one NIC with matchAttribute resource.kubernetes.io/pcieRoot")
+        claim = srv.create(claim_object("default", "train-0", [
+            Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu"),
+            Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic"),
+        ], match_attribute=PCIE_ROOT))  # fmt: skip
+        claim = allocate(srv, claim, DRIVER, node.profile.name, [
+            Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu"),
+            Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic"),
+        ], match_attribute=PCIE_ROOT)  # fmt: skip
+        for r in claim["status"]["allocation"]["devices"]["results"]:
+            d = next(x for x in devices if x["name"] == r["device"])
+            print(f"  allocated {r['request']:<4} -> {r['device']:<18} pcieRoot={attribute(d, PCIE_ROOT)}")
+
+        ref = ClaimRef("default", "train-0", claim["metadata"]["uid"])
+        t0 = time.monotonic()
+        prepared = kubelet.prepare([ref])[ref.uid]
+        took = (time.monotonic() - t0) * 1000
+        if prepared.error:
+            raise RuntimeError(f"prepare failed: {prepared.error}")
+        _step(f"NodePrepareResources ({info.dra_version}) answered in {took:.1f} ms:")
+        for d in prepared.devices:
+            print(
+                f"  request={','.join(d.request_names):<4} pool={d.pool_name} device={d.device_name} "
+                f"cdi={list(d.cdi_device_ids)}"
+            )
+
+        errors = kubelet.unprepare([ref])
+        if errors[ref.uid]:
+            raise RuntimeError(f"unprepare failed: {errors[ref.uid]}")
+        _step("NodeUnprepareResources: claim released")
+
+    rc = stop_daemon(proc)
+    leftover = [p.name for p in (*node.registry.iterdir(), *(node.plugins / DRIVER).glob("*.sock"))]
+    _step(f"daemon stopped on SIGTERM (exit code {rc}); sockets left behind: {leftover or 'none'}")
+    if rc != 0 or leftover:
+        raise RuntimeError("daemon did not shut down cleanly")
+    print("\ndemo finished: all steps succeeded")
+    return 0

@@ -1,0 +1,79 @@
+"""The kubelet's DRAPlugin v1 and v1beta1 services, both backed by one Preparer.
+
+v1beta1 has the same messages as v1 minus `Device.share_id`, so the only difference between
+the two servicers is which generated module builds the response.
+"""
+
+from __future__ import annotations
+
+import logging
+from types import ModuleType
+
+import grpc
+
+from driver.kubelet.api.dra.v1 import api_pb2 as v1_pb2
+from driver.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
+from driver.kubelet.api.dra.v1beta1 import api_pb2 as v1beta1_pb2
+from driver.kubelet.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
+from driver.prepare import ClaimRef, Preparer
+
+log = logging.getLogger(__name__)
+
+# What GetInfo advertises, in the kubelet's order of preference (it takes the first it knows).
+DRA_SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+
+
+def _refs(request: object) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]  # type: ignore[attr-defined]
+
+
+class _DRAPluginBase:
+    pb2: ModuleType
+    with_share_id: bool
+
+    def __init__(self, preparer: Preparer) -> None:
+        self._preparer = preparer
+
+    def NodePrepareResources(self, request, context: grpc.ServicerContext):
+        refs = _refs(request)
+        results = self._preparer.prepare(refs)
+        resp = self.pb2.NodePrepareResourcesResponse()
+        for uid, result in results.items():
+            entry = resp.claims[uid]
+            if result.error:
+                entry.error = result.error
+                continue
+            for d in result.devices:
+                dev = entry.devices.add(
+                    request_names=list(d.request_names),
+                    pool_name=d.pool,
+                    device_name=d.device,
+                    cdi_device_ids=list(d.cdi_device_ids),
+                )
+                if self.with_share_id and d.share_id is not None:
+                    dev.share_id = d.share_id
+        return resp
+
+    def NodeUnprepareResources(self, request, context: grpc.ServicerContext):
+        errors = self._preparer.unprepare(_refs(request))
+        resp = self.pb2.NodeUnprepareResourcesResponse()
+        for uid, error in errors.items():
+            resp.claims[uid].error = error
+        return resp
+
+
+class DRAPluginV1(_DRAPluginBase, v1_grpc.DRAPluginServicer):
+    pb2 = v1_pb2
+    with_share_id = True
+
+
+class DRAPluginV1beta1(_DRAPluginBase, v1beta1_grpc.DRAPluginServicer):
+    pb2 = v1beta1_pb2
+    with_share_id = False
+
+
+def add_dra_services(server: grpc.Server, preparer: Preparer) -> list[str]:
+    """Registers both DRAPlugin versions; returns the strings GetInfo must advertise for them."""
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer), server)
+    return list(DRA_SERVICES)

@@ -1,0 +1,97 @@
+"""Keeps one discovery source's share of the inventory fresh: periodically, on demand, with backoff.
+
+A source that cannot run (NVML not loaded yet: the driver may start before the NVIDIA driver)
+publishes nothing, says why once, and retries with exponential backoff instead of crash-looping.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from driver.inventory import Inventory
+from driver.model import Device
+
+log = logging.getLogger(__name__)
+
+
+class SourceUnavailable(Exception):
+    """The whole source is unavailable (e.g. NVML cannot initialise); retried with backoff."""
+
+
+@dataclass(frozen=True)
+class Backoff:
+    initial: float = 1.0
+    maximum: float = 60.0
+    factor: float = 2.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int) -> float:
+        base = min(self.maximum, self.initial * self.factor**attempt)
+        return base * (1 + random.uniform(-self.jitter, self.jitter))
+
+
+class RefreshLoop:
+    def __init__(
+        self,
+        name: str,
+        discover: Callable[[], Sequence[Device]],
+        inventory: Inventory,
+        period: float,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self.name = name
+        self._discover = discover
+        self._inventory = inventory
+        self._period = period
+        self._backoff = backoff or Backoff()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"discover-{name}", daemon=True)
+        self.runs = 0
+        self.last_error = ""
+        self._failures = 0
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def trigger(self) -> None:
+        """Rediscover now (hot-plug, driver reload, a netlink event)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def run_once(self) -> float:
+        """One discovery; returns how long to wait before the next one."""
+        self.runs += 1
+        try:
+            devices = self._discover()
+        except SourceUnavailable as e:
+            if str(e) != self.last_error:
+                log.warning("%s discovery unavailable: %s; publishing none and retrying with backoff", self.name, e)
+            self.last_error = str(e)
+            self._inventory.replace(self.name, [])
+            self._failures += 1
+            return self._backoff.delay(self._failures - 1)
+        except Exception:
+            log.exception("%s discovery failed; keeping the last known devices", self.name)
+            self._failures += 1
+            return self._backoff.delay(self._failures - 1)
+        if self.last_error:
+            log.info("%s discovery available again", self.name)
+        self.last_error = ""
+        self._failures = 0
+        self._inventory.replace(self.name, devices)
+        return self._period
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            wait = self.run_once()
+            self._wake.wait(timeout=wait)
+            self._wake.clear()

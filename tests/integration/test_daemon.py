@@ -1,0 +1,190 @@
+"""The daemon as a real process, over real Unix sockets, against the simulated cluster and node."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from driver.demo import DRIVER
+from driver.kubelet.registration import registration_socket_path
+from driver.sim.kubelet import ClaimRef, KubeletSim
+from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+
+GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
+NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
+
+
+def _registered(kubelet: KubeletSim, timeout: float = 30):
+    sock = kubelet.wait_for_registration_socket(DRIVER, timeout=timeout)
+    return sock, kubelet.register(sock)
+
+
+def _wait_published(apiserver, node, count: int) -> list[dict]:
+    ok = apiserver.wait_for(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) >= count, 30)
+    devices = published_devices(apiserver, DRIVER, node.profile.name)
+    assert ok, f"only {len(devices)} of {count} devices published"
+    return devices
+
+
+def _allocated_claim(apiserver, node, name: str, *requests: Request, match: str = "", taken=None) -> ClaimRef:
+    claim = apiserver.create(claim_object("default", name, list(requests), match))
+    allocate(apiserver, claim, DRIVER, node.profile.name, list(requests), match, taken=taken)
+    return ClaimRef("default", name, claim["metadata"]["uid"])
+
+
+def test_registers_with_the_kubelet_and_serves_both_dra_versions(start_daemon, sim_node_default, kubelet):
+    daemon = start_daemon(sim_node_default)
+    sock, info = _registered(kubelet)
+    assert sock == sim_node_default.registry / f"{DRIVER}-reg.sock"
+    assert info.name == DRIVER
+    assert info.endpoint == str(daemon.data_dir / "dra.sock")
+    assert os.path.isabs(info.endpoint)
+    assert list(info.supported_versions[:2]) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    assert info.dra_version == "v1.DRAPlugin"
+    # A kubelet restart registers again: GetInfo and NotifyRegistrationStatus must keep working.
+    again = kubelet.register(sock)
+    assert again.endpoint == info.endpoint
+    assert kubelet.prepare([], version="v1") == {}
+    assert kubelet.prepare([], version="v1beta1") == {}
+
+
+@pytest.mark.parametrize("version", ["v1", "v1beta1"])
+def test_prepare_and_unprepare_an_allocated_claim(version, start_daemon, apiserver, sim_node_default, kubelet):
+    node = sim_node_default
+    start_daemon(node)
+    _registered(kubelet)
+    devices = _wait_published(apiserver, node, 4)
+    ref = _allocated_claim(apiserver, node, "pair", GPU, NIC, match="resource.kubernetes.io/pcieRoot")
+
+    result = kubelet.prepare([ref], version=version)[ref.uid]
+    assert result.error == ""
+    got = {(tuple(d.request_names), d.pool_name, d.device_name) for d in result.devices}
+    claim = apiserver.get("resourceclaims", "pair", "default")
+    want = {((r["request"],), r["pool"], r["device"]) for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert got == want
+    roots = {attribute(d, "resource.kubernetes.io/pcieRoot") for d in devices if d["name"] in {g[2] for g in got}}
+    assert len(roots) == 1, "GPU and NIC must share one PCIe root"
+
+    # Idempotent: the kubelet may ask again and must get the same answer.
+    assert kubelet.prepare([ref], version=version)[ref.uid] == result
+    assert kubelet.unprepare([ref], version=version) == {ref.uid: ""}
+    # Unpreparing again (or a claim never seen) succeeds.
+    assert kubelet.unprepare([ref, ClaimRef("default", "ghost", "0000-ghost")], version=version) == {
+        ref.uid: "",
+        "0000-ghost": "",
+    }
+
+
+def test_bad_claims_fail_alone(start_daemon, apiserver, sim_node_default, kubelet):
+    node = sim_node_default
+    start_daemon(node)
+    _registered(kubelet)
+    _wait_published(apiserver, node, 4)
+    good = _allocated_claim(apiserver, node, "good", GPU)
+    unallocated = apiserver.create(claim_object("default", "pending", [GPU]))
+    _allocated_claim(apiserver, node, "replaced", NIC)
+
+    refs = [
+        good,
+        ClaimRef("default", "pending", unallocated["metadata"]["uid"]),
+        ClaimRef("default", "replaced", "11111111-2222-3333-4444-555555555555"),
+        ClaimRef("default", "missing", "22222222-2222-3333-4444-555555555555"),
+        ClaimRef("../../etc", "passwd", "33333333-2222-3333-4444-555555555555"),
+        ClaimRef("default", "x", "../../evil"),
+    ]
+    results = kubelet.prepare(refs)
+    assert set(results) == {r.uid for r in refs}
+    assert results[good.uid].error == "" and len(results[good.uid].devices) == 1
+    assert "not allocated" in results[refs[1].uid].error
+    assert "replaced" in results[refs[2].uid].error
+    assert "missing" in results[refs[3].uid].error or "not found" in results[refs[3].uid].error.lower()
+    assert "invalid claim namespace" in results[refs[4].uid].error
+    assert "invalid claim UID" in results[refs[5].uid].error
+
+
+def test_a_device_prepared_for_one_claim_is_refused_to_another(start_daemon, apiserver, sim_node_default, kubelet):
+    node = sim_node_default
+    start_daemon(node)
+    _registered(kubelet)
+    _wait_published(apiserver, node, 4)
+    first = _allocated_claim(apiserver, node, "first", GPU)
+    # A scheduler race: the second claim gets the same GPU.
+    second = apiserver.create(claim_object("default", "second", [GPU]))
+    taken_device = apiserver.get("resourceclaims", "first", "default")["status"]["allocation"]
+    second["status"] = {"allocation": taken_device}
+    second = apiserver.update(second)
+    assert kubelet.prepare([first])[first.uid].error == ""
+    ref2 = ClaimRef("default", "second", second["metadata"]["uid"])
+    err = kubelet.prepare([ref2])[ref2.uid].error
+    assert "already prepared for claim default/first" in err
+
+
+def test_sigterm_removes_own_sockets_and_exits_cleanly(start_daemon, sim_node_default, kubelet):
+    daemon = start_daemon(sim_node_default)
+    sock, info = _registered(kubelet)
+    daemon.proc.send_signal(signal.SIGTERM)
+    assert daemon.proc.wait(timeout=20) == 0
+    assert not sock.exists()
+    assert not Path(info.endpoint).exists()
+
+
+def test_stale_sockets_are_replaced(start_daemon, sim_node_default, kubelet):
+    node = sim_node_default
+    stale = node.registry / f"{DRIVER}-reg.sock"
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(str(stale))
+    s.close()  # a socket file nobody listens on, as a killed daemon leaves behind
+    start_daemon(node)
+    sock, info = _registered(kubelet)
+    assert sock == stale and info.name == DRIVER
+
+
+def test_rolling_update_instances_use_their_own_sockets(start_daemon, apiserver, sim_node_default, kubelet):
+    node = sim_node_default
+    old_uid, new_uid = "aaaaaaaa-0000-4000-8000-000000000001", "bbbbbbbb-0000-4000-8000-000000000002"
+    old = start_daemon(node, "--pod-uid", old_uid)
+    new = start_daemon(node, env={"POD_UID": new_uid})
+    old_sock = registration_socket_path(node.registry, DRIVER, old_uid)
+    new_sock = registration_socket_path(node.registry, DRIVER, new_uid)
+    assert kubelet.wait_for_registration_socket(DRIVER, 30)
+    assert apiserver.wait_for(lambda: old_sock.exists() and new_sock.exists(), 30)
+    assert kubelet.register(old_sock).endpoint == str(old.data_dir / f"dra-{old_uid}.sock")
+    assert kubelet.register(new_sock).endpoint == str(new.data_dir / f"dra-{new_uid}.sock")
+
+    _wait_published(apiserver, node, 4)
+    ref = _allocated_claim(apiserver, node, "rolling", GPU)
+    kubelet.register(old_sock)
+    assert kubelet.prepare([ref])[ref.uid].error == ""
+    assert old.stop() == 0
+    assert not old_sock.exists() and new_sock.exists()
+    kubelet.register(new_sock)
+    # The new instance must see what the old one prepared (shared checkpoint in the data dir).
+    assert kubelet.prepare([ref])[ref.uid].error == ""
+    assert kubelet.unprepare([ref]) == {ref.uid: ""}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "--node-name (NODE_NAME) is required"),
+        (["--node-name", "Bad_Name"], "is not a valid node name"),
+        (["--node-name", "n", "--driver-name", "nodomain"], "--driver-name"),
+        (["--node-name", "n", "--device-kinds", "gpu,tpu"], "unknown kind 'tpu'"),
+        (["--node-name", "n", "--cdi-root", "relative/dir"], "must be an absolute path"),
+        (["--node-name", "n", "--log-format", "xml"], "invalid choice"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(args, message):
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+    proc = subprocess.run([sys.executable, "-m", "driver", "run", *args], capture_output=True, text=True, env=env,
+                          timeout=60)  # fmt: skip
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert message in lines[0]

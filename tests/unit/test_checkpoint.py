@@ -1,0 +1,80 @@
+"""The checkpoint survives upgrades, corruption and reboots without crash-looping the daemon."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from pathlib import Path
+
+from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
+
+
+def _record(uid: str = "u1") -> ClaimRecord:
+    return ClaimRecord(
+        namespace="ns", name="c", uid=uid, state=STATE_COMPLETED,
+        devices=(DeviceRecord(request_names=("gpu",), pool="node", device="gpu-0", share_id="s1"),),
+    )  # fmt: skip
+
+
+def test_round_trip(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "boot-1")
+    with cp.transaction() as claims:
+        claims["u1"] = _record()
+    assert Checkpoint(tmp_path, "boot-1").read() == {"u1": _record()}
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["version"] == 1 and doc["bootID"] == "boot-1"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
+
+
+def test_fields_from_a_newer_version_are_kept_on_rewrite(tmp_path: Path):
+    (tmp_path / "checkpoint.json").write_text(json.dumps({
+        "version": 7, "bootID": "b", "futureTop": 1,
+        "claims": {"u1": {"namespace": "ns", "name": "c", "state": STATE_COMPLETED, "devices": [],
+                          "futureField": {"x": 1}}},
+    }))  # fmt: skip
+    cp = Checkpoint(tmp_path, "b")
+    with cp.transaction() as claims:
+        claims["u2"] = _record("u2")
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["claims"]["u1"]["futureField"] == {"x": 1}
+    assert set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_corrupt_file_is_moved_aside_and_state_starts_empty(tmp_path: Path, caplog):
+    (tmp_path / "checkpoint.json").write_text('{"claims": [truncated')
+    assert Checkpoint(tmp_path, "b").read() == {}
+    aside = list(tmp_path.glob("checkpoint.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == '{"claims": [truncated'
+    assert "unreadable" in caplog.text
+
+
+def test_a_reboot_invalidates_prepared_claims(tmp_path: Path):
+    with Checkpoint(tmp_path, "boot-1").transaction() as claims:
+        claims["u1"] = _record()
+    assert Checkpoint(tmp_path, "boot-2").read() == {}
+
+
+def test_failed_transaction_writes_nothing(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "b")
+    try:
+        with cp.transaction() as claims:
+            claims["u1"] = _record()
+            raise RuntimeError("crash before commit")
+    except RuntimeError:
+        pass
+    assert cp.read() == {}
+
+
+def _add(data_dir: str, uid: str) -> None:
+    with Checkpoint(Path(data_dir), "b").transaction() as claims:
+        claims[uid] = _record(uid)
+
+
+def test_two_processes_never_lose_each_others_writes(tmp_path: Path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_add, args=(str(tmp_path), f"u{i}")) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert set(Checkpoint(tmp_path, "b").read()) == {f"u{i}" for i in range(8)}
