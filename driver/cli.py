@@ -31,16 +31,23 @@ def _env(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
+def _add_socket_flags(p: argparse.ArgumentParser) -> None:
+    """The flags that decide the socket names; shared by `run` and `liveness` so both agree."""
     add = p.add_argument
-    add("--node-name", default=_env("NODE_NAME", ""), help="this node's name (NODE_NAME, required)")
     add("--driver-name", default=_env("DRIVER_NAME", "tandem.dev"), help="DRA driver name (DRIVER_NAME)")
-    add("--kubeconfig", default=_env("KUBECONFIG", ""), help="kubeconfig path; default in-cluster (KUBECONFIG)")
     add(
         "--kubelet-registrar-dir",
         default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry"),
         help="kubelet plugin registry directory (KUBELET_REGISTRAR_DIRECTORY_PATH)",
     )
+    add("--pod-uid", default=_env("POD_UID", ""), help="this pod's UID, enables rolling-update sockets (POD_UID)")
+
+
+def _add_run_flags(p: argparse.ArgumentParser) -> None:
+    add = p.add_argument
+    add("--node-name", default=_env("NODE_NAME", ""), help="this node's name (NODE_NAME, required)")
+    add("--kubeconfig", default=_env("KUBECONFIG", ""), help="kubeconfig path; default in-cluster (KUBECONFIG)")
+    _add_socket_flags(p)
     add(
         "--kubelet-plugins-dir",
         default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
@@ -54,7 +61,6 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         default=_env("NVIDIA_DRIVER_ROOT", "/"),
         help="root of the NVIDIA user-space driver files (NVIDIA_DRIVER_ROOT)",
     )
-    add("--pod-uid", default=_env("POD_UID", ""), help="this pod's UID, enables rolling-update sockets (POD_UID)")
     add("--device-kinds", default=_env("DEVICE_KINDS", "gpu,nic"), help="kinds to serve: gpu,nic (DEVICE_KINDS)")
     add(
         "--list-attributes",
@@ -100,6 +106,10 @@ def driver_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tandem-driver", description="Tandem DRA driver for NVIDIA GPUs and RDMA NICs")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     _add_run_flags(sub.add_parser("run", help="run the node daemon (default)"))
+    live = sub.add_parser("liveness", help="probe a running daemon through its kubelet sockets (exit 0 = alive)")
+    _add_socket_flags(live)
+    live.add_argument("--timeout", type=float, default=5.0)
+    _add_log_flags(live)
     demo = sub.add_parser("demo", help="run the whole driver on a simulated cluster and node")
     demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     _add_log_flags(demo)
@@ -108,13 +118,15 @@ def driver_parser() -> argparse.ArgumentParser:
 
 def driver_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("run", "demo", "-h", "--help"):
+    if not args or args[0] not in ("run", "demo", "liveness", "-h", "--help"):
         args.insert(0, "run")
     parser = driver_parser()
     ns = parser.parse_args(args)
     from driver import logs
 
     logs.setup(ns.verbose, ns.log_format)
+    if ns.command == "liveness":
+        return _liveness(ns)
     if ns.command == "demo":
         from driver.demo import run_demo
 
@@ -126,6 +138,20 @@ def driver_main(argv: Sequence[str] | None = None) -> int:
     from driver.daemon import run_daemon
 
     return run_daemon(config)
+
+
+def _liveness(ns: argparse.Namespace) -> int:
+    from driver.kubelet.liveness import NotAlive, check
+    from driver.kubelet.registration import registration_socket_path
+
+    sock = registration_socket_path(Path(ns.kubelet_registrar_dir), ns.driver_name, ns.pod_uid)
+    try:
+        endpoint = check(sock, ns.driver_name, ns.timeout)
+    except NotAlive as e:
+        sys.stderr.write(f"tandem-driver liveness: {e}\n")
+        return 1
+    print(f"alive: {sock} -> {endpoint}")
+    return 0
 
 
 def ctl_main(argv: Sequence[str] | None = None) -> int:

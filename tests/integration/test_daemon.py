@@ -188,3 +188,17 @@ def test_bad_flags_are_one_line_errors(args, message):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
     assert message in lines[0]
+
+
+def test_liveness_probe_goes_through_the_kubelet_sockets(start_daemon, sim_node_default, kubelet):
+    node = sim_node_default
+    daemon = start_daemon(node)
+    _registered(kubelet)
+    probe = [sys.executable, "-m", "driver", "liveness", "--kubelet-registrar-dir", str(node.registry)]
+    alive = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    assert alive.returncode == 0, alive.stderr
+    assert str(daemon.data_dir / "dra.sock") in alive.stdout
+    assert daemon.stop() == 0
+    dead = subprocess.run(probe, capture_output=True, text=True, timeout=60)
+    assert dead.returncode == 1
+    assert "GetInfo" in dead.stderr
