@@ -7,11 +7,10 @@ publishes nothing, says why once, and retries with exponential backoff instead o
 from __future__ import annotations
 
 import logging
-import random
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
+from driver.backoff import Backoff
 from driver.inventory import Inventory
 from driver.model import Device
 
@@ -20,18 +19,6 @@ log = logging.getLogger(__name__)
 
 class SourceUnavailable(Exception):
     """The whole source is unavailable (e.g. NVML cannot initialise); retried with backoff."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    initial: float = 1.0
-    maximum: float = 60.0
-    factor: float = 2.0
-    jitter: float = 0.2
-
-    def delay(self, attempt: int) -> float:
-        base = min(self.maximum, self.initial * self.factor**attempt)
-        return base * (1 + random.uniform(-self.jitter, self.jitter))
 
 
 class RefreshLoop:

@@ -1,0 +1,192 @@
+"""PCI topology from sysfs: the standard pciBusID, pcieRoot and numaNode attributes.
+
+Derivations follow k8s.io/dynamic-resource-allocation `deviceattribute` (kubelet-contract.md
+section 7) so that `matchAttribute: resource.kubernetes.io/pcieRoot` or `.../numaNode` constraints
+line up across drivers. Shared by GPU and NIC discovery; every reader takes the sysfs root so tests
+and containers can point it elsewhere. Readers fail soft: a device whose topology cannot be read
+is still a device, just without these attributes, and the reason is logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+import re
+from pathlib import Path
+
+from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue
+
+log = logging.getLogger(__name__)
+
+_BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
+# NVML's form: an 8-digit domain, upper case ("00000000:1B:00.0").
+_NVML_BDF = re.compile(r"^([0-9a-f]{8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f])$")
+MAX_NUMA_NODE = 1023
+_MAX_ATTRIBUTE_STRING = 64
+
+
+def is_pci_bus_id(value: str) -> bool:
+    """True for the canonical lower-case `dddd:bb:dd.f` form the standard attribute requires."""
+    return bool(_BDF.match(value))
+
+
+def pci_bus_id(raw: str | bytes) -> str:
+    """Canonical BDF from sysfs or NVML spellings; ValueError when it is not one.
+
+    NVML writes "00000000:1B:00.0" (8-digit domain, upper case, NUL-padded buffer): the domain is
+    shortened to 4 digits when it fits, which it always does on Linux.
+    """
+    text = raw.decode("ascii", "replace") if isinstance(raw, bytes) else raw
+    text = text.strip("\x00").strip().lower()
+    m = _NVML_BDF.match(text)
+    if m:
+        domain = int(m.group(1), 16)
+        if domain > 0xFFFF:
+            raise ValueError(f"PCI domain of {text!r} does not fit the 4-digit form")
+        text = f"{domain:04x}:{m.group(2)}"
+    if not _BDF.match(text):
+        raise ValueError(f"{text!r} is not a PCI bus ID (dddd:bb:dd.f)")
+    return text
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        log.debug("cannot read %s: %s", path, e)
+        return None
+
+
+def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
+    """The PCIe root complex (`pci<domain>:<bus>`) a function hangs off, or None with a logged reason.
+
+    `bus/pci/devices/<bdf>` is a relative link the kernel makes into `devices/`; it is resolved
+    lexically (never following further links), must land in `devices/pci...` and end in the BDF.
+    """
+    if not is_pci_bus_id(bdf):
+        log.warning("pcieRoot: %r is not a canonical PCI bus ID", bdf)
+        return None
+    link = sysfs_root / "bus" / "pci" / "devices" / bdf
+    try:
+        target = str(link.readlink())
+    except OSError as e:
+        log.warning("pcieRoot of %s: cannot read link %s: %s", bdf, link, e)
+        return None
+    if posixpath.isabs(target):
+        log.warning("pcieRoot of %s: link target %r is absolute, the kernel makes relative ones", bdf, target)
+        return None
+    resolved = posixpath.normpath(posixpath.join("bus/pci/devices", target))
+    parts = resolved.split("/")
+    if not resolved.startswith("devices/pci") or len(parts) < 3 or parts[-1] != bdf:
+        log.warning("pcieRoot of %s: link target %r is not a PCI device path", bdf, target)
+        return None
+    root = parts[1]
+    if len(root) > _MAX_ATTRIBUTE_STRING:
+        log.warning("pcieRoot of %s: %r is too long for an attribute", bdf, root)
+        return None
+    return root
+
+
+def numa_node(sysfs_root: Path, bdf: str) -> int | None:
+    """The function's NUMA node, or None when the platform reports none (-1) or nonsense."""
+    if not is_pci_bus_id(bdf):
+        log.warning("numaNode: %r is not a canonical PCI bus ID", bdf)
+        return None
+    path = sysfs_root / "bus" / "pci" / "devices" / bdf / "numa_node"
+    text = _read(path)
+    if text is None:
+        log.info("numaNode of %s: %s not readable", bdf, path)
+        return None
+    try:
+        node = int(text)
+    except ValueError:
+        log.warning("numaNode of %s: %s holds %r, not an integer", bdf, path, text[:32])
+        return None
+    if node == -1:
+        log.debug("numaNode of %s: platform reports no NUMA node", bdf)
+        return None
+    if not 0 <= node <= MAX_NUMA_NODE:
+        log.warning("numaNode of %s: %d is outside 0..%d", bdf, node, MAX_NUMA_NODE)
+        return None
+    return node
+
+
+def _parse_cpulist(text: str) -> list[int]:
+    """ "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]; ValueError on garbage."""
+    cpus: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, sep, hi = part.partition("-")
+        cpus += range(int(lo), int(hi) + 1) if sep else [int(lo)]
+    return cpus
+
+
+def _online_nodes(node_dir: Path) -> list[int]:
+    try:
+        names = [p.name for p in node_dir.iterdir()]
+    except OSError:
+        return []
+    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit())
+
+
+def _socket(sysfs_root: Path, node: int) -> int | None:
+    """The CPU package of a NUMA node (None for memory-only nodes or unreadable topology)."""
+    text = _read(sysfs_root / "devices" / "system" / "node" / f"node{node}" / "cpulist")
+    try:
+        cpus = _parse_cpulist(text or "")
+    except ValueError:
+        return None
+    if not cpus:
+        return None
+    pkg = _read(sysfs_root / "devices" / "system" / "cpu" / f"cpu{cpus[0]}" / "topology" / "physical_package_id")
+    try:
+        return int(pkg) if pkg is not None else None
+    except ValueError:
+        return None
+
+
+def numa_node_list(sysfs_root: Path, node: int) -> list[int]:
+    """The node first, then the other nodes of its socket at the minimum SLIT distance from it.
+
+    The `distance` row lists distances to the online nodes in ascending node order. A node whose
+    socket cannot be read is never included; on any read failure the list is just `[node]`.
+    """
+    node_dir = sysfs_root / "devices" / "system" / "node"
+    nodes = _online_nodes(node_dir)
+    text = _read(node_dir / f"node{node}" / "distance")
+    try:
+        row = [int(d) for d in (text or "").split()]
+    except ValueError:
+        row = []
+    if not row or len(row) != len(nodes):
+        log.info("numaNode list of node %d: distance row %r does not match nodes %s", node, text, nodes)
+        return [node]
+    own = _socket(sysfs_root, node)
+    if own is None:
+        return [node]
+    peers = {
+        other: dist
+        for other, dist in zip(nodes, row, strict=True)
+        if other != node and _socket(sysfs_root, other) == own
+    }
+    if not peers:
+        return [node]
+    nearest = min(peers.values())
+    return [node, *sorted(n for n, d in peers.items() if d == nearest)]
+
+
+def topology_attributes(sysfs_root: Path, bdf: str, list_form: bool) -> dict[str, AttrValue]:
+    """The standard attributes of a PCI function; any that cannot be derived are left out.
+
+    `list_form` publishes numaNode as a list (needs DRAListTypeAttributes on the cluster).
+    """
+    if not is_pci_bus_id(bdf):
+        log.warning("topology: %r is not a canonical PCI bus ID", bdf)
+        return {}
+    attrs: dict[str, AttrValue] = {PCI_BUS_ID: bdf}
+    root = pcie_root(sysfs_root, bdf)
+    if root is not None:
+        attrs[PCIE_ROOT] = root
+    node = numa_node(sysfs_root, bdf)
+    if node is not None:
+        attrs[NUMA_NODE] = tuple(numa_node_list(sysfs_root, node)) if list_form else node
+    return attrs

@@ -1,0 +1,808 @@
+"""A stand-in for nvidia-ml-py's `pynvml` module, driven by a simulated node's state file.
+
+Put this directory first on `sys.path` (or `PYTHONPATH`) and `import pynvml` loads this module
+instead of the real binding: the driver's discovery and health code run unchanged against a
+simulated node. The directory has no `__init__.py` on purpose, so that the module is importable
+only under the real binding's name.
+
+It mirrors the real binding where the driver can observe a difference: the same function names,
+constants and error classes (one `NVMLError_*` subclass per `NVML_ERROR_*` code, and
+`NVMLError(code)` building the subclass), strings returned as `str` but `busId` fields as `bytes`
+(ctypes char arrays), ctypes structures for structured results, a reference-counted
+`nvmlInit`/`nvmlShutdown`, and `nvmlDeviceIsMigDeviceHandle` returning a `c_uint` object.
+
+State: the JSON file named by `TANDEM_SIM_NVML_STATE` (a `NodeProfile` as written by
+`driver.sim.nvml.write_state`), read at `nvmlInit` and re-read by any later call when the file
+changes, so a test can hot-plug a GPU, switch MIG, mark a GPU lost or inject an error by
+rewriting it. No variable, no file, or `{"driver_loaded": false}` means the kernel driver is not
+loaded (`nvmlInit` raises `NVMLError_DriverNotLoaded`).
+
+Injected failures (per GPU, from the profile): `nvml_errors` maps a function name to an
+`NVML_ERROR_*` code raised by that function for that GPU and its MIG devices; `lost` makes every
+call on the GPU raise `NVML_ERROR_GPU_IS_LOST`.
+
+Events: `<state file>.events` holds one JSON object per line
+(`{"uuid": ..., "event_type": ..., "event_data": ..., "gi": ..., "ci": ...}`), appended by
+`driver.sim.nvml.append_event`. An event set sees the lines appended after its creation for the
+devices registered on it; `nvmlEventSetWait_v2` polls the file until one arrives or the timeout.
+
+This module is self-contained (imports nothing from `driver`): it runs in the daemon's process in
+place of a vendor library.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+import sys
+import threading
+import time
+from ctypes import Structure, c_char, c_uint, c_ulonglong
+from typing import Any, NoReturn
+
+STATE_ENV = "TANDEM_SIM_NVML_STATE"
+
+# --- constants (values as in nvidia-ml-py) -------------------------------------------------------
+
+NVML_SUCCESS = 0
+NVML_ERROR_UNINITIALIZED = 1
+NVML_ERROR_INVALID_ARGUMENT = 2
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_ALREADY_INITIALIZED = 5
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_INSUFFICIENT_SIZE = 7
+NVML_ERROR_INSUFFICIENT_POWER = 8
+NVML_ERROR_DRIVER_NOT_LOADED = 9
+NVML_ERROR_TIMEOUT = 10
+NVML_ERROR_IRQ_ISSUE = 11
+NVML_ERROR_LIBRARY_NOT_FOUND = 12
+NVML_ERROR_FUNCTION_NOT_FOUND = 13
+NVML_ERROR_CORRUPTED_INFOROM = 14
+NVML_ERROR_GPU_IS_LOST = 15
+NVML_ERROR_RESET_REQUIRED = 16
+NVML_ERROR_OPERATING_SYSTEM = 17
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+NVML_ERROR_IN_USE = 19
+NVML_ERROR_MEMORY = 20
+NVML_ERROR_NO_DATA = 21
+NVML_ERROR_VGPU_ECC_NOT_SUPPORTED = 22
+NVML_ERROR_INSUFFICIENT_RESOURCES = 23
+NVML_ERROR_FREQ_NOT_SUPPORTED = 24
+NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25
+NVML_ERROR_DEPRECATED = 26
+NVML_ERROR_NOT_READY = 27
+NVML_ERROR_GPU_NOT_FOUND = 28
+NVML_ERROR_INVALID_STATE = 29
+NVML_ERROR_RESET_TYPE_NOT_SUPPORTED = 30
+NVML_ERROR_UNKNOWN = 999
+
+NVML_BRAND_UNKNOWN = 0
+NVML_BRAND_QUADRO = 1
+NVML_BRAND_TESLA = 2
+NVML_BRAND_NVS = 3
+NVML_BRAND_GRID = 4
+NVML_BRAND_GEFORCE = 5
+NVML_BRAND_TITAN = 6
+NVML_BRAND_NVIDIA_VAPPS = 7
+NVML_BRAND_NVIDIA_VPC = 8
+NVML_BRAND_NVIDIA_VCS = 9
+NVML_BRAND_NVIDIA_VWS = 10
+NVML_BRAND_NVIDIA_CLOUD_GAMING = 11
+NVML_BRAND_QUADRO_RTX = 12
+NVML_BRAND_NVIDIA_RTX = 13
+NVML_BRAND_NVIDIA = 14
+NVML_BRAND_GEFORCE_RTX = 15
+NVML_BRAND_TITAN_RTX = 16
+
+NVML_DEVICE_ARCH_KEPLER = 2
+NVML_DEVICE_ARCH_MAXWELL = 3
+NVML_DEVICE_ARCH_PASCAL = 4
+NVML_DEVICE_ARCH_VOLTA = 5
+NVML_DEVICE_ARCH_TURING = 6
+NVML_DEVICE_ARCH_AMPERE = 7
+NVML_DEVICE_ARCH_ADA = 8
+NVML_DEVICE_ARCH_HOPPER = 9
+NVML_DEVICE_ARCH_BLACKWELL = 10
+NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
+NVML_INIT_FLAG_NO_GPUS = 1 << 0
+NVML_INIT_FLAG_NO_ATTACH = 1 << 1
+
+NVML_DEVICE_UUID_BUFFER_SIZE = 80
+NVML_DEVICE_UUID_V2_BUFFER_SIZE = 96
+NVML_DEVICE_NAME_BUFFER_SIZE = 64
+NVML_DEVICE_NAME_V2_BUFFER_SIZE = 96
+NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE = 80
+NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE = 32
+NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE = 16
+NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT = "%04X:%02X:%02X.0"
+NVML_DEVICE_PCI_BUS_ID_FMT = "%08X:%02X:%02X.0"
+
+NVML_DEVICE_MIG_DISABLE = 0x0
+NVML_DEVICE_MIG_ENABLE = 0x1
+
+NVML_GPU_INSTANCE_PROFILE_1_SLICE = 0x0
+NVML_GPU_INSTANCE_PROFILE_2_SLICE = 0x1
+NVML_GPU_INSTANCE_PROFILE_3_SLICE = 0x2
+NVML_GPU_INSTANCE_PROFILE_4_SLICE = 0x3
+NVML_GPU_INSTANCE_PROFILE_7_SLICE = 0x4
+NVML_GPU_INSTANCE_PROFILE_8_SLICE = 0x5
+NVML_GPU_INSTANCE_PROFILE_6_SLICE = 0x6
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1 = 0x7
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1 = 0x8
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV2 = 0x9
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_GFX = 0xA
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_GFX = 0xB
+NVML_GPU_INSTANCE_PROFILE_4_SLICE_GFX = 0xC
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_NO_ME = 0xD
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_NO_ME = 0xE
+NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME = 0xF
+NVML_GPU_INSTANCE_PROFILE_2_SLICE_ALL_ME = 0x10
+NVML_GPU_INSTANCE_PROFILE_3_SLICE_GFX = 0x11
+NVML_GPU_INSTANCE_PROFILE_COUNT = 0x12
+nvmlGpuInstanceProfileInfo_v2 = 0x02000098
+
+nvmlEventTypeSingleBitEccError = 0x0000000000000001
+nvmlEventTypeDoubleBitEccError = 0x0000000000000002
+nvmlEventTypePState = 0x0000000000000004
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+nvmlEventTypeClock = 0x0000000000000010
+nvmlEventTypePowerSourceChange = 0x0000000000000080
+nvmlEventMigConfigChange = 0x0000000000000100
+nvmlEventTypeSingleBitEccErrorStorm = 0x0000000000000200
+nvmlEventTypeDramRetirementEvent = 0x0000000000000400
+nvmlEventTypeDramRetirementFailure = 0x0000000000000800
+nvmlEventTypeNonFatalPoisonError = 0x0000000000001000
+nvmlEventTypeFatalPoisonError = 0x0000000000002000
+nvmlEventTypeGpuUnavailableError = 0x0000000000004000
+nvmlEventTypeGpuRecoveryAction = 0x0000000000008000
+nvmlEventTypeNone = 0x0000000000000000
+nvmlEventTypeAll = (
+    nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypePState
+    | nvmlEventTypeClock
+    | nvmlEventTypePowerSourceChange
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventMigConfigChange
+    | nvmlEventTypeSingleBitEccErrorStorm
+    | nvmlEventTypeDramRetirementEvent
+    | nvmlEventTypeDramRetirementFailure
+    | nvmlEventTypeNonFatalPoisonError
+    | nvmlEventTypeFatalPoisonError
+    | nvmlEventTypeGpuUnavailableError
+    | nvmlEventTypeGpuRecoveryAction
+)
+# What a full GPU reports from nvmlDeviceGetSupportedEventTypes (a data-centre part's usual set).
+_SUPPORTED_EVENTS = (
+    nvmlEventTypeSingleBitEccError
+    | nvmlEventTypeDoubleBitEccError
+    | nvmlEventTypeXidCriticalError
+    | nvmlEventMigConfigChange
+    | nvmlEventTypePState
+    | nvmlEventTypeClock
+)
+
+# --- errors (built exactly like the real binding's) ----------------------------------------------
+
+
+class NVMLLibraryMismatchError(Exception):
+    pass
+
+
+class NVMLError(Exception):
+    _valClassMapping: dict[int, type[NVMLError]] = {}
+    _errcode_to_string = {
+        NVML_ERROR_UNINITIALIZED: "Uninitialized",
+        NVML_ERROR_INVALID_ARGUMENT: "Invalid Argument",
+        NVML_ERROR_NOT_SUPPORTED: "Not Supported",
+        NVML_ERROR_NO_PERMISSION: "Insufficient Permissions",
+        NVML_ERROR_ALREADY_INITIALIZED: "Already Initialized",
+        NVML_ERROR_NOT_FOUND: "Not Found",
+        NVML_ERROR_INSUFFICIENT_SIZE: "Insufficient Size",
+        NVML_ERROR_INSUFFICIENT_POWER: "Insufficient External Power",
+        NVML_ERROR_DRIVER_NOT_LOADED: "Driver Not Loaded",
+        NVML_ERROR_TIMEOUT: "Timeout",
+        NVML_ERROR_IRQ_ISSUE: "Interrupt Request Issue",
+        NVML_ERROR_LIBRARY_NOT_FOUND: "NVML Shared Library Not Found",
+        NVML_ERROR_FUNCTION_NOT_FOUND: "Function Not Found",
+        NVML_ERROR_CORRUPTED_INFOROM: "Corrupted infoROM",
+        NVML_ERROR_GPU_IS_LOST: "GPU is lost",
+        NVML_ERROR_RESET_REQUIRED: "GPU requires restart",
+        NVML_ERROR_OPERATING_SYSTEM: "The operating system has blocked the request.",
+        NVML_ERROR_LIB_RM_VERSION_MISMATCH: "RM has detected an NVML/RM version mismatch.",
+        NVML_ERROR_MEMORY: "Insufficient Memory",
+        NVML_ERROR_UNKNOWN: "Unknown Error",
+    }
+
+    value: int
+
+    def __new__(cls, value: int) -> NVMLError:
+        if cls == NVMLError:
+            cls = NVMLError._valClassMapping.get(value, cls)
+        obj = Exception.__new__(cls)
+        obj.value = value
+        return obj
+
+    def __str__(self) -> str:
+        return NVMLError._errcode_to_string.get(self.value, f"NVML Error with code {self.value}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, NVMLError) and self.value == other.value
+
+    __hash__ = Exception.__hash__
+
+
+def nvmlExceptionClass(nvmlErrorCode: int) -> type[NVMLError]:
+    if nvmlErrorCode not in NVMLError._valClassMapping:
+        raise ValueError(f"nvmlErrorCode {nvmlErrorCode} is not valid")
+    return NVMLError._valClassMapping[nvmlErrorCode]
+
+
+def _extractNVMLErrorsAsClasses() -> None:
+    """One subclass per code, e.g. NVML_ERROR_GPU_IS_LOST -> NVMLError_GpuIsLost."""
+    this_module = sys.modules[__name__]
+    for err_name in [x for x in dir(this_module) if x.startswith("NVML_ERROR_")]:
+        class_name = "NVMLError_" + string.capwords(err_name.replace("NVML_ERROR_", ""), "_").replace("_", "")
+        err_val = getattr(this_module, err_name)
+
+        def gen_new(val: int) -> Any:
+            def new(typ: type, *args: Any) -> NVMLError:
+                return NVMLError.__new__(typ, val)
+
+            return new
+
+        new_error_class = type(class_name, (NVMLError,), {"__new__": gen_new(err_val)})
+        new_error_class.__module__ = __name__
+        setattr(this_module, class_name, new_error_class)
+        NVMLError._valClassMapping[err_val] = new_error_class
+
+
+_extractNVMLErrorsAsClasses()
+
+
+def nvmlErrorString(result: int) -> str:
+    return NVMLError._errcode_to_string.get(result, "Unknown Error")
+
+
+# --- result structures (same fields as the real ctypes structures) -------------------------------
+
+
+class c_nvmlMemory_t(Structure):
+    _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
+
+
+class nvmlPciInfo_t(Structure):
+    _fields_ = [
+        ("busIdLegacy", c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_V2_SIZE),
+        ("domain", c_uint),
+        ("bus", c_uint),
+        ("device", c_uint),
+        ("pciDeviceId", c_uint),
+        ("pciSubSystemId", c_uint),
+        ("busId", c_char * NVML_DEVICE_PCI_BUS_ID_BUFFER_SIZE),
+    ]
+
+
+class c_nvmlDeviceAttributes(Structure):
+    _fields_ = [
+        ("multiprocessorCount", c_uint),
+        ("sharedCopyEngineCount", c_uint),
+        ("sharedDecoderCount", c_uint),
+        ("sharedEncoderCount", c_uint),
+        ("sharedJpegCount", c_uint),
+        ("sharedOfaCount", c_uint),
+        ("gpuInstanceSliceCount", c_uint),
+        ("computeInstanceSliceCount", c_uint),
+        ("memorySizeMB", c_ulonglong),
+    ]
+
+
+class c_nvmlGpuInstanceProfileInfo_v2_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("id", c_uint),
+        ("isP2pSupported", c_uint),
+        ("sliceCount", c_uint),
+        ("instanceCount", c_uint),
+        ("multiprocessorCount", c_uint),
+        ("copyEngineCount", c_uint),
+        ("decoderCount", c_uint),
+        ("encoderCount", c_uint),
+        ("jpegCount", c_uint),
+        ("ofaCount", c_uint),
+        ("memorySizeMB", c_ulonglong),
+        ("name", c_char * NVML_DEVICE_NAME_V2_BUFFER_SIZE),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlGpuInstanceProfileInfo_v2)
+
+
+class c_nvmlDevice_t:
+    """A device handle. The real one is an opaque pointer; this one names the device by UUID so
+    that it stays meaningful across state reloads (and fails like a lost GPU once it is gone)."""
+
+    __slots__ = ("gpu_uuid", "mig_uuid")
+
+    def __init__(self, gpu_uuid: str, mig_uuid: str = "") -> None:
+        self.gpu_uuid = gpu_uuid
+        self.mig_uuid = mig_uuid
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, c_nvmlDevice_t) and (self.gpu_uuid, self.mig_uuid) == (
+            other.gpu_uuid,
+            other.mig_uuid,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.gpu_uuid, self.mig_uuid))
+
+    def __repr__(self) -> str:
+        return f"c_nvmlDevice_t({self.mig_uuid or self.gpu_uuid})"
+
+
+class c_nvmlEventData_t:
+    """Same field names as the real structure; `device` holds a handle object."""
+
+    def __init__(self, device: c_nvmlDevice_t, eventType: int, eventData: int, gi: int, ci: int) -> None:
+        self.device = device
+        self.eventType = eventType
+        self.eventData = eventData
+        self.gpuInstanceId = gi
+        self.computeInstanceId = ci
+
+
+class c_nvmlEventSet_t:
+    def __init__(self, cursor: int) -> None:
+        self.cursor = cursor  # byte offset into the events file
+        self.registered: dict[str, int] = {}  # GPU UUID -> event type mask
+
+
+# --- simulated state -----------------------------------------------------------------------------
+
+_lock = threading.RLock()
+_refcount = 0
+_state_path = ""
+_state_key: tuple[int, int, int] | None = None
+_gpus: list[dict[str, Any]] = []
+_system: dict[str, Any] = {}
+
+
+def _raise(code: int) -> NoReturn:
+    raise NVMLError(code)
+
+
+def _load(path: str) -> None:
+    """(Re)read the state file; the caller holds the lock."""
+    global _state_key, _gpus, _system
+    if not path:
+        _raise(NVML_ERROR_DRIVER_NOT_LOADED)
+    try:
+        st = os.stat(path)
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        _raise(NVML_ERROR_DRIVER_NOT_LOADED)
+    except OSError:
+        _raise(NVML_ERROR_UNKNOWN)
+    try:
+        raw = json.loads(text) if text.strip() else {"driver_loaded": False}
+        if not isinstance(raw, dict):
+            raise ValueError("state is not an object")
+        if raw.get("driver_loaded", True) is False:
+            _raise(NVML_ERROR_DRIVER_NOT_LOADED)
+        gpus = sorted((dict(g) for g in raw.get("gpus", [])), key=lambda g: int(g["index"]))
+    except (ValueError, TypeError, KeyError):
+        _raise(NVML_ERROR_UNKNOWN)
+    _gpus = gpus
+    _system = raw
+    _state_key = (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _current() -> list[dict[str, Any]]:
+    """The GPUs of the current state, re-read when the file changed; requires nvmlInit."""
+    with _lock:
+        if _refcount == 0:
+            _raise(NVML_ERROR_UNINITIALIZED)
+        try:
+            st = os.stat(_state_path)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            key = None
+        if key != _state_key:
+            _load(_state_path)
+        return _gpus
+
+
+def _find_gpu(uuid: str) -> dict[str, Any] | None:
+    return next((g for g in _current() if g["uuid"] == uuid), None)
+
+
+def _resolve(func: str, handle: c_nvmlDevice_t) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The GPU (and MIG device) behind a handle, with the GPU's injected failures applied."""
+    if not isinstance(handle, c_nvmlDevice_t):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    gpu = _find_gpu(handle.gpu_uuid)
+    if gpu is None or gpu.get("lost"):
+        _raise(NVML_ERROR_GPU_IS_LOST)
+    code = gpu.get("nvml_errors", {}).get(func)
+    if code:
+        _raise(int(code))
+    if not handle.mig_uuid:
+        return gpu, None
+    mig = next((m for m in _migs(gpu) if m["uuid"] == handle.mig_uuid), None)
+    if mig is None:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return gpu, mig
+
+
+def _migs(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    if not gpu.get("mig_mode"):
+        return []
+    return sorted(gpu.get("mig_devices", []), key=lambda m: (m["gi_id"], m["ci_id"]))
+
+
+def _full_gpu(func: str, handle: c_nvmlDevice_t) -> dict[str, Any]:
+    """Functions NVML does not support on a MIG device handle."""
+    gpu, mig = _resolve(func, handle)
+    if mig is not None:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return gpu
+
+
+# --- library lifecycle and system queries --------------------------------------------------------
+
+
+def nvmlInitWithFlags(flags: int) -> None:
+    global _refcount, _state_path
+    with _lock:
+        path = os.environ.get(STATE_ENV, "")
+        _load(path)
+        _state_path = path
+        _refcount += 1
+
+
+def nvmlInit() -> None:
+    nvmlInitWithFlags(0)
+
+
+def nvmlShutdown() -> None:
+    global _refcount
+    with _lock:
+        if _refcount == 0:
+            _raise(NVML_ERROR_UNINITIALIZED)
+        _refcount -= 1
+
+
+def nvmlSystemGetDriverVersion() -> str:
+    _current()
+    return str(_system.get("driver_version", ""))
+
+
+def nvmlSystemGetCudaDriverVersion() -> int:
+    _current()
+    return int(_system.get("cuda_driver_version", 0))
+
+
+def nvmlSystemGetCudaDriverVersion_v2() -> int:
+    return nvmlSystemGetCudaDriverVersion()
+
+
+def nvmlDeviceGetCount() -> int:
+    return len(_current())
+
+
+# --- handles -------------------------------------------------------------------------------------
+
+
+def nvmlDeviceGetHandleByIndex(index: int) -> c_nvmlDevice_t:
+    gpus = _current()
+    if not 0 <= index < len(gpus):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    handle = c_nvmlDevice_t(gpus[index]["uuid"])
+    _resolve("nvmlDeviceGetHandleByIndex", handle)
+    return handle
+
+
+def nvmlDeviceGetHandleByUUID(uuid: str | bytes) -> c_nvmlDevice_t:
+    text = uuid.decode() if isinstance(uuid, bytes) else uuid
+    for gpu in _current():
+        if gpu["uuid"] == text:
+            handle = c_nvmlDevice_t(text)
+        else:
+            mig = next((m for m in _migs(gpu) if m["uuid"] == text), None)
+            if mig is None:
+                continue
+            handle = c_nvmlDevice_t(gpu["uuid"], text)
+        _resolve("nvmlDeviceGetHandleByUUID", handle)
+        return handle
+    _raise(NVML_ERROR_NOT_FOUND)
+
+
+def nvmlDeviceGetIndex(handle: c_nvmlDevice_t) -> int:
+    gpu = _full_gpu("nvmlDeviceGetIndex", handle)
+    return [g["uuid"] for g in _current()].index(gpu["uuid"])
+
+
+# --- identity and properties ---------------------------------------------------------------------
+
+
+def nvmlDeviceGetMinorNumber(handle: c_nvmlDevice_t) -> int:
+    return int(_full_gpu("nvmlDeviceGetMinorNumber", handle)["minor"])
+
+
+def nvmlDeviceGetUUID(handle: c_nvmlDevice_t) -> str:
+    gpu, mig = _resolve("nvmlDeviceGetUUID", handle)
+    return str((mig or gpu)["uuid"])
+
+
+def nvmlDeviceGetName(handle: c_nvmlDevice_t) -> str:
+    gpu, mig = _resolve("nvmlDeviceGetName", handle)
+    if mig is not None:
+        return f"{gpu['name']} MIG {mig['profile']}"
+    return str(gpu["name"])
+
+
+def nvmlDeviceGetBrand(handle: c_nvmlDevice_t) -> int:
+    gpu, _ = _resolve("nvmlDeviceGetBrand", handle)
+    return int(gpu.get("brand", NVML_BRAND_NVIDIA))
+
+
+def nvmlDeviceGetArchitecture(handle: c_nvmlDevice_t) -> int:
+    gpu, _ = _resolve("nvmlDeviceGetArchitecture", handle)
+    return int(gpu.get("architecture", NVML_DEVICE_ARCH_UNKNOWN))
+
+
+def nvmlDeviceGetCudaComputeCapability(handle: c_nvmlDevice_t) -> tuple[int, int]:
+    gpu, _ = _resolve("nvmlDeviceGetCudaComputeCapability", handle)
+    major, minor = gpu.get("cuda_compute_capability", (9, 0))
+    return (int(major), int(minor))
+
+
+def nvmlDeviceGetMemoryInfo(handle: c_nvmlDevice_t, version: int | None = None) -> c_nvmlMemory_t:
+    gpu, mig = _resolve("nvmlDeviceGetMemoryInfo", handle)
+    total = int((mig or gpu)["memory_bytes"])
+    return c_nvmlMemory_t(total=total, free=total, used=0)
+
+
+def nvmlDeviceGetPciInfo_v3(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
+    gpu = _full_gpu("nvmlDeviceGetPciInfo", handle)
+    domain_s, bus_s, devfn = str(gpu["pci_bus_id"]).split(":")
+    dev_s, _fn = devfn.split(".")
+    domain, bus, dev = int(domain_s, 16), int(bus_s, 16), int(dev_s, 16)
+    vendor = int(gpu.get("pci_vendor_id", 0x10DE))
+    device = int(gpu.get("pci_device_id", 0))
+    return nvmlPciInfo_t(
+        busIdLegacy=(NVML_DEVICE_PCI_BUS_ID_LEGACY_FMT % (domain, bus, dev)).encode(),
+        domain=domain,
+        bus=bus,
+        device=dev,
+        pciDeviceId=(device << 16) | vendor,
+        pciSubSystemId=(0x16C1 << 16) | vendor,
+        busId=(NVML_DEVICE_PCI_BUS_ID_FMT % (domain, bus, dev)).encode(),
+    )
+
+
+def nvmlDeviceGetPciInfo(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
+    return nvmlDeviceGetPciInfo_v3(handle)
+
+
+# --- MIG -----------------------------------------------------------------------------------------
+
+# GPU instance profile IDs a profile name may take, by slice count (base profile first).
+_PROFILE_IDS_BY_SLICES: dict[int, list[int]] = {
+    1: [0x0, 0x9, 0x7, 0xD, 0xF, 0xA],
+    2: [0x1, 0x8, 0xE, 0x10, 0xB],
+    3: [0x2, 0x11],
+    4: [0x3, 0xC],
+    6: [0x6],
+    7: [0x4],
+    8: [0x5],
+}
+_MAX_SLICES = 7
+
+
+def _profile_table(gpu: dict[str, Any]) -> dict[int, str]:
+    """Map GPU instance profile IDs to the GPU's supported profile names (e.g. "1g.10gb")."""
+    table: dict[int, str] = {}
+    for name in gpu.get("mig_profiles", []):
+        slices = _gi_slices(name)
+        free = [i for i in _PROFILE_IDS_BY_SLICES.get(slices, []) if i not in table]
+        if free:
+            table[free[0]] = name
+    return table
+
+
+def _gi_slices(profile: str) -> int:
+    """Compute slices of the GPU instance: "1g.10gb" -> 1, "1c.2g.20gb" -> 2."""
+    for part in profile.split("."):
+        if part.endswith("g") and part[:-1].isdigit():
+            return int(part[:-1])
+    return 0
+
+
+def _profile_gb(profile: str) -> int:
+    for part in profile.split("."):
+        head = part.split("+")[0].split("-")[0]
+        if head.endswith("gb") and head[:-2].isdigit():
+            return int(head[:-2])
+    return 0
+
+
+def nvmlDeviceGetMigMode(device: c_nvmlDevice_t) -> list[int]:
+    gpu = _full_gpu("nvmlDeviceGetMigMode", device)
+    if not gpu.get("mig_capable"):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    mode = NVML_DEVICE_MIG_ENABLE if gpu.get("mig_mode") else NVML_DEVICE_MIG_DISABLE
+    return [mode, mode]
+
+
+def nvmlDeviceGetMaxMigDeviceCount(device: c_nvmlDevice_t) -> int:
+    gpu = _full_gpu("nvmlDeviceGetMaxMigDeviceCount", device)
+    return _MAX_SLICES if gpu.get("mig_capable") else 0
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(device: c_nvmlDevice_t, index: int) -> c_nvmlDevice_t:
+    gpu = _full_gpu("nvmlDeviceGetMigDeviceHandleByIndex", device)
+    if not gpu.get("mig_capable") or not gpu.get("mig_mode"):
+        _raise(NVML_ERROR_NOT_SUPPORTED if not gpu.get("mig_capable") else NVML_ERROR_INVALID_ARGUMENT)
+    migs = _migs(gpu)
+    if not 0 <= index < _MAX_SLICES:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    if index >= len(migs):
+        _raise(NVML_ERROR_NOT_FOUND)
+    return c_nvmlDevice_t(gpu["uuid"], migs[index]["uuid"])
+
+
+def nvmlDeviceIsMigDeviceHandle(device: c_nvmlDevice_t) -> c_uint:
+    _, mig = _resolve("nvmlDeviceIsMigDeviceHandle", device)
+    return c_uint(1 if mig is not None else 0)
+
+
+def nvmlDeviceGetDeviceHandleFromMigDeviceHandle(migDevice: c_nvmlDevice_t) -> c_nvmlDevice_t:
+    gpu, mig = _resolve("nvmlDeviceGetDeviceHandleFromMigDeviceHandle", migDevice)
+    if mig is None:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return c_nvmlDevice_t(gpu["uuid"])
+
+
+def _mig_only(func: str, device: c_nvmlDevice_t) -> dict[str, Any]:
+    _, mig = _resolve(func, device)
+    if mig is None:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return mig
+
+
+def nvmlDeviceGetGpuInstanceId(device: c_nvmlDevice_t) -> int:
+    return int(_mig_only("nvmlDeviceGetGpuInstanceId", device)["gi_id"])
+
+
+def nvmlDeviceGetComputeInstanceId(device: c_nvmlDevice_t) -> int:
+    return int(_mig_only("nvmlDeviceGetComputeInstanceId", device)["ci_id"])
+
+
+def nvmlDeviceGetAttributes_v2(device: c_nvmlDevice_t) -> c_nvmlDeviceAttributes:
+    gpu, mig = _resolve("nvmlDeviceGetAttributes", device)
+    if mig is None:
+        return c_nvmlDeviceAttributes(
+            multiprocessorCount=int(gpu.get("multiprocessors", 0)),
+            gpuInstanceSliceCount=_MAX_SLICES if gpu.get("mig_capable") else 0,
+            computeInstanceSliceCount=_MAX_SLICES if gpu.get("mig_capable") else 0,
+            memorySizeMB=int(gpu["memory_bytes"]) // 2**20,
+        )
+    return c_nvmlDeviceAttributes(
+        multiprocessorCount=int(mig["multiprocessors"]),
+        sharedCopyEngineCount=int(mig.get("copy_engines", 0)),
+        sharedDecoderCount=int(mig.get("decoders", 0)),
+        sharedEncoderCount=int(mig.get("encoders", 0)),
+        sharedJpegCount=int(mig.get("jpeg", 0)),
+        sharedOfaCount=int(mig.get("ofa", 0)),
+        gpuInstanceSliceCount=int(mig["placement_size"]),
+        computeInstanceSliceCount=int(mig["placement_size"]),
+        memorySizeMB=int(mig["memory_bytes"]) // 2**20,
+    )
+
+
+def nvmlDeviceGetAttributes(device: c_nvmlDevice_t) -> c_nvmlDeviceAttributes:
+    return nvmlDeviceGetAttributes_v2(device)
+
+
+def nvmlDeviceGetGpuInstanceProfileInfo(
+    device: c_nvmlDevice_t, profile: int, version: int = 2
+) -> c_nvmlGpuInstanceProfileInfo_v2_t:
+    gpu = _full_gpu("nvmlDeviceGetGpuInstanceProfileInfo", device)
+    if not gpu.get("mig_capable"):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    name = _profile_table(gpu).get(profile)
+    if name is None:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    slices = _gi_slices(name)
+    info = c_nvmlGpuInstanceProfileInfo_v2_t()
+    info.id = profile
+    info.sliceCount = slices
+    info.instanceCount = _MAX_SLICES // max(slices, 1)
+    info.multiprocessorCount = int(gpu.get("multiprocessors", 0)) * slices // _MAX_SLICES
+    info.copyEngineCount = slices
+    info.decoderCount = slices // 2
+    info.jpegCount = 1 if slices < _MAX_SLICES else 0
+    info.memorySizeMB = _profile_gb(name) * 1024
+    info.name = f"MIG {name}".encode()
+    return info
+
+
+nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+
+# --- events --------------------------------------------------------------------------------------
+
+
+def _events_path() -> str:
+    return _state_path + ".events"
+
+
+def nvmlEventSetCreate() -> c_nvmlEventSet_t:
+    _current()
+    try:
+        cursor = os.path.getsize(_events_path())
+    except OSError:
+        cursor = 0
+    return c_nvmlEventSet_t(cursor)
+
+
+def nvmlDeviceGetSupportedEventTypes(handle: c_nvmlDevice_t) -> int:
+    _full_gpu("nvmlDeviceGetSupportedEventTypes", handle)
+    return _SUPPORTED_EVENTS
+
+
+def nvmlDeviceRegisterEvents(handle: c_nvmlDevice_t, eventTypes: int, eventSet: c_nvmlEventSet_t) -> None:
+    gpu = _full_gpu("nvmlDeviceRegisterEvents", handle)
+    if eventTypes & ~_SUPPORTED_EVENTS:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    eventSet.registered[gpu["uuid"]] = eventSet.registered.get(gpu["uuid"], 0) | eventTypes
+
+
+def _next_event(eventSet: c_nvmlEventSet_t) -> c_nvmlEventData_t | None:
+    try:
+        with open(_events_path(), "rb") as f:
+            f.seek(eventSet.cursor)
+            data = f.read()
+    except OSError:
+        return None
+    for line in data.splitlines(keepends=True):
+        if not line.endswith(b"\n"):
+            break  # a line still being written
+        eventSet.cursor += len(line)
+        try:
+            ev = json.loads(line)
+            uuid, etype = str(ev["uuid"]), int(ev["event_type"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        if eventSet.registered.get(uuid, 0) & etype:
+            gi, ci = int(ev.get("gi", 0xFFFFFFFF)), int(ev.get("ci", 0xFFFFFFFF))
+            return c_nvmlEventData_t(c_nvmlDevice_t(uuid), etype, int(ev.get("event_data", 0)), gi, ci)
+    return None
+
+
+def nvmlEventSetWait_v2(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
+    deadline = time.monotonic() + timeoutms / 1000
+    while True:
+        _current()
+        event = _next_event(eventSet)
+        if event is not None:
+            return event
+        if time.monotonic() >= deadline:
+            _raise(NVML_ERROR_TIMEOUT)
+        time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+
+
+def nvmlEventSetWait(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
+    return nvmlEventSetWait_v2(eventSet, timeoutms)
+
+
+def nvmlEventSetFree(eventSet: c_nvmlEventSet_t) -> None:
+    eventSet.registered.clear()

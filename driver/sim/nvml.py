@@ -1,0 +1,100 @@
+"""Wiring for the fake `pynvml` (driver/sim/fake_pynvml/pynvml.py): where it lives, its state file.
+
+The fake reads a `NodeProfile` JSON file named by `TANDEM_SIM_NVML_STATE`. Tests running the
+discovery in-process prepend `FAKE_PYNVML_DIR` to `sys.path`; a daemon started as a separate
+process gets the same effect from `env_for()`. The state file is replaced atomically, so the fake
+never reads a half-written node, and a rewrite (hot-plug, MIG change, lost GPU, injected error) is
+seen by the fake at its next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+from driver.sim.profile import NodeProfile
+
+FAKE_PYNVML_DIR: Path = Path(__file__).resolve().parent / "fake_pynvml"
+STATE_ENV = "TANDEM_SIM_NVML_STATE"
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_state(profile: NodeProfile, path: Path) -> None:
+    """Give the fake NVML this node (replacing any previous state in one step)."""
+    _atomic_write(path, profile.to_json())
+
+
+def write_driver_unloaded(path: Path) -> None:
+    """Make the fake NVML behave as if the kernel driver were not loaded."""
+    _atomic_write(path, json.dumps({"driver_loaded": False}))
+
+
+def events_path(state_path: Path) -> Path:
+    return state_path.with_name(state_path.name + ".events")
+
+
+def append_event(state_path: Path, uuid: str, event_type: int, event_data: int = 0) -> None:
+    """Raise an NVML event (e.g. nvmlEventTypeXidCriticalError with the XID as data) on a GPU.
+
+    One `write` of one whole line, so a reader polling the file never sees half an event.
+    """
+    line = json.dumps({"uuid": uuid, "event_type": event_type, "event_data": event_data}) + "\n"
+    fd = os.open(events_path(state_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def env_for(state_path: Path) -> dict[str, str]:
+    """Environment entries that make a child Python process load the fake NVML with this state."""
+    existing = os.environ.get("PYTHONPATH", "")
+    pythonpath = str(FAKE_PYNVML_DIR) + (os.pathsep + existing if existing else "")
+    return {"PYTHONPATH": pythonpath, STATE_ENV: str(state_path)}
+
+
+@contextlib.contextmanager
+def fake_pynvml_in_process(state_path: Path) -> Iterator[ModuleType]:
+    """Make `import pynvml` load the fake, in this process, for the duration of the block.
+
+    Puts the fake first on `sys.path` (ahead of nvidia-ml-py's real module), points it at
+    `state_path`, and afterwards restores `sys.path`, the environment and `sys.modules["pynvml"]`.
+    """
+    saved_module = sys.modules.pop("pynvml", None)
+    saved_env = os.environ.get(STATE_ENV)
+    saved_path = list(sys.path)
+    sys.path.insert(0, str(FAKE_PYNVML_DIR))
+    os.environ[STATE_ENV] = str(state_path)
+    importlib.invalidate_caches()
+    try:
+        module = importlib.import_module("pynvml")
+        if Path(module.__file__ or "").parent != FAKE_PYNVML_DIR:
+            raise RuntimeError(f"`import pynvml` loaded {module.__file__}, not the fake")
+        yield module
+    finally:
+        sys.modules.pop("pynvml", None)
+        if saved_module is not None:
+            sys.modules["pynvml"] = saved_module
+        sys.path[:] = saved_path
+        if saved_env is None:
+            os.environ.pop(STATE_ENV, None)
+        else:
+            os.environ[STATE_ENV] = saved_env
