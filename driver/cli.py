@@ -75,6 +75,12 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="seconds between full rediscoveries (REDISCOVER_PERIOD)",
     )
     add("--metrics-address", default=_env("METRICS_ADDRESS", ""), help="HOST:PORT for Prometheus metrics")
+    add(
+        "--nic-link-source",
+        choices=("netlink", "sysfs"),
+        default=_env("NIC_LINK_SOURCE", "netlink"),
+        help="NIC link facts from netlink (real nodes) or sysfs only (simulated nodes) (NIC_LINK_SOURCE)",
+    )
     _add_log_flags(p)
 
 
@@ -99,6 +105,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         list_attributes=ns.list_attributes,
         rediscover_period=ns.rediscover_period,
         metrics_address=ns.metrics_address,
+        nic_link_source=ns.nic_link_source,
     ).validate()
 
 

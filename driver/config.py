@@ -54,6 +54,9 @@ class Config:
     list_attributes: bool = False
     rediscover_period: float = 60.0
     metrics_address: str = ""
+    # Where NIC link facts come from: netlink (real nodes) or sysfs alone (the simulated node,
+    # whose NICs exist only as sysfs trees and have no netdevs the kernel knows).
+    nic_link_source: str = "netlink"
 
     @property
     def data_dir(self) -> Path:
@@ -86,6 +89,8 @@ class Config:
             raise ConfigError("--device-kinds must name at least one of: gpu, nic")
         if self.rediscover_period <= 0:
             raise ConfigError("--rediscover-period must be positive")
+        if self.nic_link_source not in ("netlink", "sysfs"):
+            raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
         if self.metrics_address and not _LISTEN.match(self.metrics_address):
             raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT")
         return self

@@ -21,6 +21,8 @@ import grpc
 
 from driver.checkpoint import Checkpoint
 from driver.config import Config
+from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
+from driver.discovery.nic import NicDiscovery, NicWatcher
 from driver.fsutil import boot_id
 from driver.inventory import Inventory
 from driver.kubeapi import KubeAPI
@@ -84,6 +86,7 @@ class Daemon:
             list_attributes=config.list_attributes,
         )
         self.inventory.subscribe(self.publisher.trigger)
+        self._nic_watcher: NicWatcher | None = None
         self.sources: list[RefreshLoop] = self._build_sources()
         self._dra_server: grpc.Server | None = None
         self._reg_server: grpc.Server | None = None
@@ -93,8 +96,6 @@ class Daemon:
         cfg = self.config
         sources = []
         if DeviceKind.GPU in cfg.device_kinds:
-            from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
-
             gpus = GpuDiscovery(sysfs_root=cfg.sysfs_root, list_attributes=cfg.list_attributes)
 
             def discover_gpus():  # type: ignore[no-untyped-def]
@@ -105,14 +106,20 @@ class Daemon:
 
             sources.append(RefreshLoop("gpu", discover_gpus, self.inventory, cfg.rediscover_period))
         if DeviceKind.NIC in cfg.device_kinds:
-            from driver.discovery.nic import NicDiscovery
-
-            nics = NicDiscovery(sysfs_root=cfg.sysfs_root, dev_root=cfg.dev_root, list_attributes=cfg.list_attributes)
-            sources.append(
-                RefreshLoop(
-                    "nic", lambda: nics.discover(keep=self._allocated_nics()), self.inventory, cfg.rediscover_period
-                )
+            use_netlink = cfg.nic_link_source == "netlink"
+            nics = NicDiscovery(
+                sysfs_root=cfg.sysfs_root,
+                dev_root=cfg.dev_root,
+                list_attributes=cfg.list_attributes,
+                netlink=use_netlink,
             )
+            loop = RefreshLoop(
+                "nic", lambda: nics.discover(keep=self._allocated_nics), self.inventory, cfg.rediscover_period
+            )
+            sources.append(loop)
+            # Link and address events rediscover within a second, coalesced; the loop's period
+            # catches anything netlink did not say.
+            self._nic_watcher = NicWatcher(loop.trigger, resync_period=cfg.rediscover_period, netlink=use_netlink)
         return sources
 
     def _allocated_nics(self) -> set[str]:
@@ -131,6 +138,8 @@ class Daemon:
         cfg.registrar_dir.mkdir(parents=True, exist_ok=True)
         for source in self.sources:
             source.start()
+        if self._nic_watcher is not None:
+            self._nic_watcher.start()
         self.publisher.start()
 
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
@@ -157,6 +166,8 @@ class Daemon:
         with contextlib.suppress(FileNotFoundError):
             self.dra_socket.unlink()
         self.preparer.close()
+        if self._nic_watcher is not None:
+            self._nic_watcher.stop()
         for source in self.sources:
             source.stop()
         self.publisher.stop()  # slices stay: a restart must not cause scheduling churn

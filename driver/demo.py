@@ -78,6 +78,7 @@ class SimNode:
             "--sysfs-root", str(self.sysfs),
             "--dev-root", str(self.dev),
             "--nvidia-driver-root", str(self.nvidia_root),
+            "--nic-link-source", "sysfs",
             *extra,
         ]  # fmt: skip
 

@@ -1,0 +1,127 @@
+"""Render a simulated RDMA NIC into sysfs and /dev, laid out the way the kernel lays out mlx5.
+
+Under the PCI function `devices/.../<bdf>/` (made by `driver.sim.sysfs.pci_device_dir`):
+
+* `net/<ifname>/{address,mtu,speed,operstate,carrier,type,dev_port}` and `device` -> the function;
+  `class/net/<ifname>` is a relative link to it. An empty `ifname` renders no netdev (an
+  InfiniBand function without IPoIB).
+* `net/<ifname>/tandem-sim-addresses`: the NIC's addresses, one CIDR per line. Linux has no such
+  file (addresses live in netlink only); discovery reads it only when told the node is simulated.
+* `infiniband/<rdma_device>/ports/<p>/{state,link_layer,gid_attrs/ndevs/0}` (GID 0 of every port
+  names the netdev) and `device`; `class/infiniband/<rdma_device>` links to it.
+* `infiniband_verbs/uverbs<N>/{ibdev,dev}`, `infiniband_mad/umad<M>/{ibdev,port,dev}` and
+  `issm<M>` likewise, with `class/infiniband_verbs/...` and `class/infiniband_mad/...` links.
+  Port p uses M = uverbs_index + 32 * (p - 1), so single-port NICs have umad<N> == uverbs<N>.
+* SR-IOV: `sriov_totalvfs`/`sriov_numvfs` on a PF, `physfn` on a VF and `virtfn<k>` on its PF
+  (render PFs before their VFs: the VF adds itself to the PF's next free `virtfn<k>`).
+* `/dev/infiniband/{uverbs<N>,umad<M>,issm<M>,rdma_cm}`: character devices with the kernel's
+  numbers (231:192+N, 231:M, 231:64+M; rdma_cm is a dynamic misc minor, 10:58 here) when we may
+  `mknod`, empty files otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from driver.sim.profile import NicSpec
+from driver.sim.sysfs import _char_device, _symlink, _write, pci_device_dir
+
+SIM_ADDRESSES_FILE = "tandem-sim-addresses"
+IB_MAJOR = 231
+UVERBS_BASE_MINOR = 192
+ISSM_BASE_MINOR = 64
+MISC_MAJOR = 10
+RDMA_CM_MINOR = 58
+UMAD_PORT_STRIDE = 32
+ARPHRD_ETHER = 1
+ARPHRD_INFINIBAND = 32
+
+
+def umad_index(nic: NicSpec, port: int) -> int:
+    return nic.uverbs_index + UMAD_PORT_STRIDE * (port - 1)
+
+
+def render_netdev(fn: Path, sysfs_root: Path, nic: NicSpec, ifname: str, dev_port: int = 0) -> Path:
+    """One netdev of the function `fn`; a multi-port function gets one per port (`dev_port`)."""
+    net = fn / "net" / ifname
+    ib = nic.link_layer == "InfiniBand"
+    _write(net / "address", f"{nic.mac}\n")
+    _write(net / "mtu", f"{nic.mtu}\n")
+    _write(net / "speed", f"{nic.speed_mbps}\n")
+    _write(net / "operstate", f"{nic.operstate}\n")
+    _write(net / "carrier", "1\n" if nic.operstate == "up" else "0\n")
+    _write(net / "type", f"{ARPHRD_INFINIBAND if ib else ARPHRD_ETHER}\n")
+    _write(net / "dev_port", f"{dev_port}\n")
+    _write(net / SIM_ADDRESSES_FILE, "".join(f"{a}\n" for a in [*nic.ipv4, *nic.ipv6]))
+    _symlink(net / "device", fn)
+    _symlink(sysfs_root / "class" / "net" / ifname, net)
+    return net
+
+
+def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
+    sysfs_root, dev_root = Path(sysfs_root), Path(dev_root)
+    fn = pci_device_dir(
+        sysfs_root,
+        nic.pci_address,
+        nic.pcie_root,
+        nic.numa_node,
+        nic.vendor_id,
+        nic.device_id,
+        nic.driver or None,
+    )
+    if nic.ifname:
+        render_netdev(fn, sysfs_root, nic, nic.ifname)
+
+    rdma = fn / "infiniband" / nic.rdma_device
+    for port in range(1, nic.ports + 1):
+        port_dir = rdma / "ports" / str(port)
+        _write(port_dir / "state", f"{nic.port_state}\n")
+        _write(port_dir / "link_layer", f"{nic.link_layer}\n")
+        _write(port_dir / "gid_attrs" / "ndevs" / "0", f"{nic.ifname}\n")
+    _symlink(rdma / "device", fn)
+    _symlink(sysfs_root / "class" / "infiniband" / nic.rdma_device, rdma)
+
+    use_mknod = os.geteuid() == 0
+    uverbs = f"uverbs{nic.uverbs_index}"
+    _class_entry(fn, sysfs_root, "infiniband_verbs", uverbs, nic.rdma_device, None, UVERBS_BASE_MINOR)
+    use_mknod = _char_device(
+        dev_root / "infiniband" / uverbs, IB_MAJOR, UVERBS_BASE_MINOR + nic.uverbs_index, use_mknod
+    )
+    for port in range(1, nic.ports + 1):
+        m = umad_index(nic, port)
+        for name, minor in ((f"umad{m}", m), (f"issm{m}", ISSM_BASE_MINOR + m)):
+            _class_entry(fn, sysfs_root, "infiniband_mad", name, nic.rdma_device, port, minor)
+            _char_device(dev_root / "infiniband" / name, IB_MAJOR, minor, use_mknod)
+    _char_device(dev_root / "infiniband" / "rdma_cm", MISC_MAJOR, RDMA_CM_MINOR, use_mknod)
+
+    if nic.is_vf and nic.physfn:
+        _link_vf(fn, sysfs_root, nic.physfn)
+    elif nic.sriov_totalvfs > 0:
+        _write(fn / "sriov_totalvfs", f"{nic.sriov_totalvfs}\n")
+        _write(fn / "sriov_numvfs", f"{nic.sriov_numvfs}\n")
+
+
+def _class_entry(fn: Path, sysfs_root: Path, cls: str, name: str, ibdev: str, port: int | None, minor: int) -> None:
+    entry = fn / cls / name
+    _write(entry / "ibdev", f"{ibdev}\n")
+    _write(entry / "dev", f"{IB_MAJOR}:{minor}\n")
+    if port is not None:
+        _write(entry / "port", f"{port}\n")
+    _symlink(entry / "device", fn)
+    _symlink(sysfs_root / "class" / cls / name, entry)
+
+
+def _link_vf(vf: Path, sysfs_root: Path, physfn: str) -> None:
+    pf_link = sysfs_root / "bus" / "pci" / "devices" / physfn
+    pf = pf_link.resolve() if pf_link.exists() else pf_link
+    _symlink(vf / "physfn", pf)
+    if not pf.is_dir():
+        return
+    taken = {p.resolve() for p in pf.glob("virtfn*")}
+    if vf.resolve() in taken:
+        return
+    k = 0
+    while (pf / f"virtfn{k}").is_symlink():
+        k += 1
+    _symlink(pf / f"virtfn{k}", vf)
