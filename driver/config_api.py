@@ -1,0 +1,125 @@
+"""Tandem's opaque claim configuration: `apiVersion: tandem.dev/v1alpha1`, kinds GpuConfig and NicConfig.
+
+Users put these in a DeviceClass or a ResourceClaim (`spec.devices.config[].opaque`); the
+scheduler copies them into the allocation. Decoding is strict - an unknown or mistyped field is
+an error naming the field, because a silently ignored `mode: exclusiv` is worse than a failed pod.
+Class configs apply before claim configs, in list order; later entries win field by field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "tandem.dev/v1alpha1"
+NIC_MODES = ("shared", "exclusive")
+# Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..".
+_IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$")
+
+
+class ConfigDecodeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claim also holds NICs.
+    pair_nics: bool = True
+
+
+@dataclass(frozen=True)
+class NicConfig:
+    # shared: the netdev stays in the host namespace, the pod gets the RDMA char devices.
+    # exclusive: the netdev moves into the pod (CDI netDevices) under `interface_name`.
+    mode: str = "shared"
+    interface_name: str = ""
+    # Also expose umad/issm (management datagrams: needed by ibstat, subnet tools; not by NCCL).
+    mad: bool = False
+
+
+_FIELDS: dict[str, dict[str, tuple[str, type]]] = {
+    "GpuConfig": {"pairNics": ("pair_nics", bool)},
+    "NicConfig": {"mode": ("mode", str), "interfaceName": ("interface_name", str), "mad": ("mad", bool)},
+}
+
+
+@dataclass(frozen=True)
+class OpaqueEntry:
+    """One `config[]` entry of an allocation, already filtered to this driver."""
+
+    source: str  # FromClass | FromClaim
+    requests: tuple[str, ...]
+    parameters: dict[str, Any]
+    index: int
+
+
+@dataclass
+class RequestConfig:
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    nic: NicConfig = field(default_factory=NicConfig)
+
+
+def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
+    where = f"config[{entry.index}] ({entry.source})"
+    p = entry.parameters
+    if not isinstance(p, dict):
+        raise ConfigDecodeError(f"{where}: parameters must be an object")
+    if p.get("apiVersion") != API_VERSION:
+        raise ConfigDecodeError(f"{where}: apiVersion must be {API_VERSION!r}, got {p.get('apiVersion')!r}")
+    kind = p.get("kind")
+    if kind not in _FIELDS:
+        raise ConfigDecodeError(f"{where}: kind must be one of {sorted(_FIELDS)}, got {kind!r}")
+    out: dict[str, Any] = {}
+    for key, value in p.items():
+        if key in ("apiVersion", "kind"):
+            continue
+        if key not in _FIELDS[kind]:
+            raise ConfigDecodeError(f"{where}: unknown field {kind}.{key}")
+        attr, typ = _FIELDS[kind][key]
+        if type(value) is not typ:
+            raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {typ.__name__}, got {type(value).__name__}")
+        out[attr] = value
+    if kind == "NicConfig":
+        if "mode" in out and out["mode"] not in NIC_MODES:
+            raise ConfigDecodeError(f"{where}: NicConfig.mode must be one of {list(NIC_MODES)}, got {out['mode']!r}")
+        if "interface_name" in out and not _IFNAME.match(out["interface_name"]):
+            raise ConfigDecodeError(
+                f"{where}: NicConfig.interfaceName {out['interface_name'][:40]!r} is not a valid interface name"
+            )
+    return kind, out
+
+
+def _applies(entry: OpaqueEntry, request: str) -> bool:
+    """Empty `requests` = every request; a parent request name also matches its subrequests."""
+    return not entry.requests or request in entry.requests or request.split("/", 1)[0] in entry.requests
+
+
+def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
+    """The effective config of one request: class configs first, then claim configs, later wins."""
+    ordered = sorted(entries, key=lambda e: (e.source != "FromClass", e.index))
+    cfg = RequestConfig()
+    for entry in ordered:
+        kind, values = _decode(entry)  # decode every entry, so a bad one fails even if unused
+        if not _applies(entry, request):
+            continue
+        if kind == "GpuConfig":
+            cfg.gpu = dataclasses.replace(cfg.gpu, **values)
+        else:
+            cfg.nic = dataclasses.replace(cfg.nic, **values)
+    if cfg.nic.mode == "exclusive" and not cfg.nic.interface_name:
+        raise ConfigDecodeError(f"request {request!r}: NicConfig.mode exclusive needs interfaceName")
+    return cfg
+
+
+def opaque_entries(allocation: dict[str, Any], driver_name: str) -> list[OpaqueEntry]:
+    """This driver's opaque configs of an allocation (other drivers' are none of our business)."""
+    out = []
+    for i, c in enumerate((allocation.get("devices") or {}).get("config") or []):
+        opaque = c.get("opaque") or {}
+        if opaque.get("driver") != driver_name:
+            continue
+        out.append(OpaqueEntry(c.get("source", ""), tuple(c.get("requests") or ()), opaque.get("parameters"), i))
+    return out

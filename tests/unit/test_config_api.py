@@ -1,0 +1,66 @@
+"""Opaque claim configuration: strict decoding, precedence, clear per-field errors."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.config_api import ConfigDecodeError, GpuConfig, NicConfig, OpaqueEntry, opaque_entries, resolve
+
+V = "tandem.dev/v1alpha1"
+
+
+def _e(params, source="FromClaim", requests=(), index=0):
+    return OpaqueEntry(source, tuple(requests), params, index)
+
+
+def test_defaults_without_config():
+    cfg = resolve([], "nic")
+    assert cfg.nic == NicConfig() and cfg.gpu == GpuConfig()
+
+
+def test_class_first_then_claim_later_wins_field_by_field():
+    entries = [
+        _e({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive", "interfaceName": "net1"}, index=1),
+        _e({"apiVersion": V, "kind": "NicConfig", "mode": "shared", "mad": True}, source="FromClass", index=0),
+        _e({"apiVersion": V, "kind": "NicConfig", "interfaceName": "net9"}, index=2),
+    ]
+    cfg = resolve(entries, "nic")
+    assert cfg.nic == NicConfig(mode="exclusive", interface_name="net9", mad=True)
+
+
+def test_request_scoping_includes_subrequests():
+    entries = [_e({"apiVersion": V, "kind": "NicConfig", "mad": True}, requests=["nic"])]
+    assert resolve(entries, "nic/fast").nic.mad is True
+    assert resolve(entries, "other").nic.mad is False
+
+
+@pytest.mark.parametrize(
+    ("params", "match"),
+    [
+        ({"apiVersion": "v1", "kind": "NicConfig"}, "apiVersion must be"),
+        ({"apiVersion": V, "kind": "TpuConfig"}, "kind must be one of"),
+        ({"apiVersion": V, "kind": "NicConfig", "mdoe": "exclusive"}, "unknown field NicConfig.mdoe"),
+        ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusiv"}, "NicConfig.mode must be one of"),
+        ({"apiVersion": V, "kind": "NicConfig", "mad": "yes"}, "NicConfig.mad must be a bool"),
+        ({"apiVersion": V, "kind": "GpuConfig", "pairNics": 1}, "GpuConfig.pairNics must be a bool"),
+        ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "../../etc"}, "not a valid interface name"),
+        ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16}, "not a valid interface name"),
+        ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive"}, "needs interfaceName"),
+        (["not", "an", "object"], "parameters must be an object"),
+    ],
+)
+def test_bad_configs_name_the_field(params, match):
+    with pytest.raises(ConfigDecodeError, match=match):
+        resolve([_e(params, index=3)], "nic")
+
+
+def test_only_this_drivers_entries_are_taken():
+    allocation = {
+        "devices": {
+            "config": [
+                {"source": "FromClass", "opaque": {"driver": "other.example.com", "parameters": {"x": 1}}},
+                {"source": "FromClaim", "requests": ["nic"], "opaque": {"driver": "tandem.dev", "parameters": {}}},
+            ]
+        }
+    }
+    assert opaque_entries(allocation, "tandem.dev") == [_e({}, requests=["nic"], index=1)]
