@@ -23,3 +23,19 @@ class Backoff:
 
     def delay(self, attempt: int) -> float:
         return self.base_delay(attempt) * (1 + random.uniform(-self.jitter, self.jitter))
+
+
+class Retry:
+    """Counts consecutive failures of one operation and hands out the delay before the next try."""
+
+    def __init__(self, policy: Backoff) -> None:
+        self.policy = policy
+        self.attempt = 0
+
+    def next(self) -> float:
+        delay = self.policy.delay(self.attempt)
+        self.attempt += 1
+        return delay
+
+    def reset(self) -> None:
+        self.attempt = 0

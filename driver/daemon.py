@@ -83,7 +83,6 @@ class Daemon:
             driver_name=config.driver_name,
             node_name=config.node_name,
             get_devices=self.inventory.devices,
-            list_attributes=config.list_attributes,
         )
         self.inventory.subscribe(self.publisher.trigger)
         self._nic_watcher: NicWatcher | None = None

@@ -11,7 +11,7 @@ import logging
 import sys
 import time
 
-CONTEXT_FIELDS = ("claim", "device", "op", "namespace", "name")
+CONTEXT_FIELDS = ("claim", "claim_namespace", "claim_name", "device", "op")
 
 
 class JsonFormatter(logging.Formatter):

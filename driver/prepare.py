@@ -127,7 +127,7 @@ class Preparer:
         return dict(zip([r.uid for r in refs], self._pool_exec.map(self._unprepare_one, refs), strict=True))
 
     def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
-        ctx = {"claim": ref.uid, "op": "prepare", "namespace": ref.namespace, "name": ref.name}
+        ctx = {"claim": ref.uid, "op": "prepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         try:
             validate_ref(ref)
             claim = self._claims.get_claim(ref.namespace, ref.name)
@@ -174,7 +174,7 @@ class Preparer:
                         )
 
     def _unprepare_one(self, ref: ClaimRef) -> str:
-        ctx = {"claim": ref.uid, "op": "unprepare", "namespace": ref.namespace, "name": ref.name}
+        ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         try:
             validate_ref(ref)
         except ClaimError as e:

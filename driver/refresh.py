@@ -10,7 +10,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 
-from driver.backoff import Backoff
+from driver.backoff import Backoff, Retry
 from driver.inventory import Inventory
 from driver.model import Device
 
@@ -34,13 +34,12 @@ class RefreshLoop:
         self._discover = discover
         self._inventory = inventory
         self._period = period
-        self._backoff = backoff or Backoff()
+        self._retry = Retry(backoff or Backoff())
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"discover-{name}", daemon=True)
         self.runs = 0
         self.last_error = ""
-        self._failures = 0
 
     def start(self) -> None:
         self._thread.start()
@@ -64,16 +63,14 @@ class RefreshLoop:
                 log.warning("%s discovery unavailable: %s; publishing none and retrying with backoff", self.name, e)
             self.last_error = str(e)
             self._inventory.replace(self.name, [])
-            self._failures += 1
-            return self._backoff.delay(self._failures - 1)
+            return self._retry.next()
         except Exception:
             log.exception("%s discovery failed; keeping the last known devices", self.name)
-            self._failures += 1
-            return self._backoff.delay(self._failures - 1)
+            return self._retry.next()
         if self.last_error:
             log.info("%s discovery available again", self.name)
         self.last_error = ""
-        self._failures = 0
+        self._retry.reset()
         self._inventory.replace(self.name, devices)
         return self._period
 

@@ -1,0 +1,376 @@
+"""SlicePublisher and KubeAPI against the simulated API server, over real HTTP with a kubeconfig."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
+from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
+from driver.sim.apiserver import SimApiServer
+from driver.slices import PublisherOptions, SlicePublisher
+
+DRIVER = "tandem.example.com"
+NODE = "node-a"
+WRITE_METHODS = {"POST", "PUT", "DELETE", "PATCH"}
+FAST = PublisherOptions(
+    min_write_interval=0.2,
+    debounce=0.02,
+    resync_period=1.0,
+    backoff_initial=0.05,
+    backoff_max=0.5,
+    watch_timeout=30,
+)
+DEADLINE = 20.0
+
+
+def gpu(i: int, model: str = "H100", **kw: Any) -> Device:
+    return Device(
+        name=f"gpu-{i:04d}",
+        kind=DeviceKind.GPU,
+        attributes=kw.pop("attributes", {"index": i, "model": model}),
+        capacity={"memory": "81920Mi"},  # the server answers "80Gi": must not cause updates
+        **kw,
+    )
+
+
+class Devices:
+    """The inventory stand-in: a device list that tests change under a lock."""
+
+    def __init__(self, devices: Sequence[Device]) -> None:
+        self._lock = threading.Lock()
+        self._devices = list(devices)
+
+    def get(self) -> list[Device]:
+        with self._lock:
+            return list(self._devices)
+
+    def set(self, devices: Sequence[Device]) -> None:
+        with self._lock:
+            self._devices = list(devices)
+
+
+@pytest.fixture
+def srv() -> Iterator[Any]:
+    server = SimApiServer().start()
+    server.add_node(NODE)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def api(srv: Any, tmp_path: Path) -> Iterator[KubeAPI]:
+    path = tmp_path / "kubeconfig"
+    srv.write_kubeconfig(path)
+    client = KubeAPI(str(path))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def make_publisher(api: KubeAPI) -> Iterator[Callable[..., SlicePublisher]]:
+    started: list[SlicePublisher] = []
+
+    def make(devices: Devices, options: PublisherOptions = FAST) -> SlicePublisher:
+        pub = SlicePublisher(api, DRIVER, NODE, devices.get, options)
+        pub.start()
+        started.append(pub)
+        return pub
+
+    yield make
+    for pub in started:
+        pub.stop()
+
+
+def slice_writes(srv: Any, since: float = float("-inf")) -> list[Any]:
+    """Slice writes that arrived at the server at or after `since` (a time.monotonic() mark)."""
+    return [r for r in srv.requests if r.method in WRITE_METHODS and r.resource == "resourceslices" and r.time >= since]
+
+
+def settled_writes(srv: Any, pub: SlicePublisher, since: float, writes_before: int) -> list[Any]:
+    """Slice writes since the mark, once the server has logged every write the publisher saw.
+
+    The server logs a request after answering it, so its log can lag the publisher's view.
+    """
+    expected = pub.stats.writes - writes_before
+    assert _poll(lambda: sum(1 for r in slice_writes(srv, since) if r.status < 300) >= expected)
+    return slice_writes(srv, since)
+
+
+def live_slices(srv: Any) -> list[dict[str, Any]]:
+    return [s for s in srv.list("resourceslices") if s["spec"].get("nodeName") == NODE]
+
+
+def published_names(srv: Any) -> list[str]:
+    return sorted(d["name"] for s in live_slices(srv) for d in s["spec"].get("devices") or [])
+
+
+def wait_syncs(pub: SlicePublisher, more: int) -> None:
+    """Wait until the publisher has compared desired and live `more` more times."""
+    target = pub.stats.syncs + more
+    assert _poll(lambda: pub.stats.syncs >= target), f"publisher did not sync {more} more times"
+
+
+def _poll(cond: Callable[[], bool], timeout: float = DEADLINE) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+# -- KubeAPI -----------------------------------------------------------------------------------
+
+
+def test_kubeapi_node_and_error_mapping(srv: Any, api: KubeAPI) -> None:
+    node = api.get_node(NODE)
+    assert node.name == NODE and node.uid
+    with pytest.raises(NotFound):
+        api.get_node("no-such-node")
+    api.delete_slice("no-such-slice")  # already gone is fine
+
+    srv.faults.inject(method="GET", path=".*/nodes/.*", status=503, count=1)
+    with pytest.raises(ApiError) as err:
+        api.get_node(NODE)
+    assert err.value.status == 503 and err.value.retryable
+
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"generateName": "x-"},
+        "spec": {
+            "driver": DRIVER,
+            "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+            "devices": [],
+        },
+    }
+    created = api.create_slice(body)
+    items, rv = api.list_slices(NODE, DRIVER)
+    assert [i["metadata"]["name"] for i in items] == [created["metadata"]["name"]] and rv
+    stale = {**created, "metadata": {**created["metadata"], "resourceVersion": "1"}}
+    api.update_slice(created)
+    with pytest.raises(Conflict):
+        api.update_slice(stale)
+
+
+def test_kubeapi_claim_read_and_status_apply(srv: Any, api: KubeAPI) -> None:
+    claim = srv.create(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "c1", "namespace": "default"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {"deviceClassName": "gpu"}}]}},
+        }
+    )
+    result = {"request": "r", "driver": DRIVER, "pool": NODE, "device": "gpu-0000"}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    srv.update(claim)
+    got = api.get_claim("default", "c1")
+    assert got["status"]["allocation"]["devices"]["results"] == [result]
+
+    condition = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "Prepared",
+        "message": "ok",
+        "lastTransitionTime": "2030-01-01T00:00:00Z",
+    }
+    entry = {"driver": DRIVER, "pool": NODE, "device": "gpu-0000", "conditions": [condition]}
+    api.apply_claim_status("default", "c1", [entry], DRIVER)
+    (req,) = [r for r in srv.requests if r.method == "PATCH"]
+    assert req.subresource == "status"
+    assert req.content_type == "application/apply-patch+yaml"
+    assert req.field_manager == DRIVER and req.query.get("force") == "true"
+    # The same pooled connection must serve the next request cleanly.
+    got = api.get_claim("default", "c1")
+    assert got["status"]["devices"] == [entry]
+    assert got["status"]["allocation"]["devices"]["results"] == [result]
+    with pytest.raises(NotFound):
+        api.get_claim("default", "missing")
+
+
+# -- publisher ---------------------------------------------------------------------------------
+
+
+def test_initial_publish(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(10)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    (s,) = live_slices(srv)
+    node_uid = srv.get("nodes", NODE)["metadata"]["uid"]
+    assert s["metadata"]["ownerReferences"][0] == {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "name": NODE,
+        "uid": node_uid,
+        "controller": True,
+    }
+    assert s["spec"]["pool"]["resourceSliceCount"] == 1
+    assert published_names(srv) == [f"gpu-{i:04d}" for i in range(10)]
+    assert len(settled_writes(srv, pub, float("-inf"), 0)) == 1
+
+
+def test_steady_state_makes_no_writes(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(300)] + [gpu(999, taints=(Taint("t", TaintEffect.NONE),))])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    mark, before = time.monotonic(), pub.stats.writes
+    for _ in range(5):
+        pub.trigger()
+    # Triggers and periodic resyncs: several full comparisons, none may write.
+    wait_syncs(pub, 4)
+    assert pub.stats.writes == before
+    assert settled_writes(srv, pub, mark, before) == []
+
+
+def test_one_device_change_is_one_write(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    base = [gpu(i) for i in range(300)]
+    devices = Devices(base)
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    mark, before = time.monotonic(), pub.stats.writes
+    base[150] = gpu(150, model="H200")
+    devices.set(base)
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    writes = settled_writes(srv, pub, mark, before)
+    assert [w.method for w in writes] == ["PUT"]
+    models = {d["name"]: d["attributes"]["model"]["string"] for s in live_slices(srv) for d in s["spec"]["devices"]}
+    assert models["gpu-0150"] == "H200"
+
+
+def test_burst_of_triggers_coalesces(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    base = [gpu(i) for i in range(20)]
+    devices = Devices(base)
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    mark, before = time.monotonic(), pub.stats.writes
+    for n in range(200):
+        base[n % 20] = gpu(n % 20, model=f"m{n}")
+        devices.set(base)
+        pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    writes = settled_writes(srv, pub, mark, before)
+    assert 1 <= len(writes) <= 5, [w.method for w in writes]
+    assert {d["attributes"]["model"]["string"] for s in live_slices(srv) for d in s["spec"]["devices"]} == {
+        f"m{n}" for n in range(180, 200)
+    }
+
+
+def test_slice_deleted_by_someone_else_is_republished(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(5)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    (s,) = live_slices(srv)
+    srv.delete("resourceslices", s["metadata"]["name"], None)
+    assert _poll(lambda: len(live_slices(srv)) == 1 and published_names(srv) == [f"gpu-{i:04d}" for i in range(5)])
+    assert pub.wait_synced(DEADLINE)
+
+
+def test_server_errors_are_retried(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    srv.faults.inject(method="POST", path=".*resourceslices.*", status=500, count=3)
+    devices = Devices([gpu(i) for i in range(200)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    assert len(live_slices(srv)) == 2
+    assert pub.stats.errors >= 1
+    # 3 failed POSTs, then the pool's 2 creates (a failure may repeat one create per attempt).
+    assert len(settled_writes(srv, pub, float("-inf"), 0)) <= 3 + 2 + 3
+
+    mark, before = time.monotonic(), pub.stats.writes
+    srv.faults.inject(method="PUT", path=".*resourceslices.*", status=500, count=2)
+    srv.faults.inject(method="PUT", path=".*resourceslices.*", status=409, count=1)
+    base = devices.get()
+    base[0] = gpu(0, model="B200")
+    devices.set(base)
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    assert len(settled_writes(srv, pub, mark, before)) <= 4
+
+
+def test_conflict_from_concurrent_writer_is_resolved(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(5)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    # Someone else rewrites our slice: the publisher must notice and restore its content.
+    (s,) = live_slices(srv)
+    s["spec"]["devices"] = s["spec"]["devices"][:2]
+    srv.update(s)
+    assert _poll(lambda: published_names(srv) == [f"gpu-{i:04d}" for i in range(5)])
+    assert pub.wait_synced(DEADLINE)
+
+
+def test_lost_watch_is_reestablished(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(5)])
+    pub = make_publisher(devices, dataclasses.replace(FAST, resync_period=3600.0))
+    assert pub.wait_synced(DEADLINE)
+    srv.faults.close_watches()
+    assert _poll(lambda: pub.stats.watch_restarts >= 1)
+    # With resync effectively off, only a working watch can bring the deletion to the publisher.
+    (s,) = live_slices(srv)
+    srv.delete("resourceslices", s["metadata"]["name"], None)
+    assert _poll(lambda: len(live_slices(srv)) == 1)
+    assert pub.wait_synced(DEADLINE)
+
+
+def test_adopts_slices_of_previous_instance(
+    srv: Any, api: KubeAPI, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    devices = Devices([gpu(i) for i in range(300)])
+    first = make_publisher(devices)
+    assert first.wait_synced(DEADLINE)
+    first.stop()
+    names = sorted(s["metadata"]["name"] for s in live_slices(srv))
+    mark = time.monotonic()
+    second = make_publisher(devices)
+    assert second.wait_synced(DEADLINE)
+    wait_syncs(second, 2)
+    assert second.stats.writes == 0
+    assert settled_writes(srv, second, mark, 0) == []
+    assert sorted(s["metadata"]["name"] for s in live_slices(srv)) == names
+
+
+def test_obsolete_slices_deleted_when_devices_shrink(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    devices = Devices([gpu(i) for i in range(300)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    assert len(live_slices(srv)) == 3
+    mark, before = time.monotonic(), pub.stats.writes
+    devices.set([gpu(i) for i in range(50)])
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    assert len(live_slices(srv)) == 1
+    assert published_names(srv) == [f"gpu-{i:04d}" for i in range(50)]
+    assert sorted(w.method for w in settled_writes(srv, pub, mark, before)) == ["DELETE", "DELETE", "PUT"]
+
+
+def test_list_attribute_fallback(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
+    srv.list_attributes_enabled = False
+    devices = Devices([gpu(i, attributes={NUMA_NODE: (i % 2, 1 - i % 2), "peers": ("a",)}) for i in range(4)])
+    pub = make_publisher(devices)
+    assert _poll(lambda: not pub.list_attributes_active)
+    assert pub.wait_synced(DEADLINE)
+    attrs = {d["name"]: d["attributes"] for s in live_slices(srv) for d in s["spec"]["devices"]}
+    assert attrs["gpu-0001"] == {NUMA_NODE: {"int": 1}}
+    assert attrs["gpu-0002"] == {NUMA_NODE: {"int": 0}}
+
+
+def test_list_attributes_kept_when_server_supports_them(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    devices = Devices([gpu(0, attributes={NUMA_NODE: (1, 0)})])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    assert pub.list_attributes_active
+    (s,) = live_slices(srv)
+    assert s["spec"]["devices"][0]["attributes"] == {NUMA_NODE: {"ints": [1, 0]}}
