@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,24 @@ from driver.sim.scheduler import Request, allocate, attribute, claim_object, pub
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
+
+
+def daemon_poll(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _listening(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+        return True
 
 
 def _registered(kubelet: KubeletSim, timeout: float = 30):
@@ -140,7 +159,8 @@ def test_stale_sockets_are_replaced(start_daemon, sim_node_default, kubelet):
     s = socket.socket(socket.AF_UNIX)
     s.bind(str(stale))
     s.close()  # a socket file nobody listens on, as a killed daemon leaves behind
-    start_daemon(node)
+    daemon = start_daemon(node)
+    assert daemon_poll(lambda: _listening(stale), 30), daemon.log_text()
     sock, info = _registered(kubelet)
     assert sock == stale and info.name == DRIVER
 
