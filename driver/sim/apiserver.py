@@ -1,0 +1,681 @@
+"""A simulated Kubernetes API server for ResourceSlices, ResourceClaims, DeviceClasses and Nodes.
+
+The driver talks to it with the official `kubernetes` client through a generated kubeconfig, as to
+a real server, so everything here speaks real Kubernetes REST/JSON: metav1.Status errors with the
+right codes, list envelopes, chunked newline-delimited watch streams with 410 Gone for expired
+resourceVersions, server-side apply of claim status. Faults (error codes, delays, dropped watches)
+can be injected to test the driver's retry paths, and every request is logged for assertions.
+
+Storage and admission live in `apistore`, validation in `apivalidate`; this module is the HTTP door
+plus an in-process door (`srv.create`, `srv.get`, ...) that goes through the same admission rules.
+
+Run standalone: `python -m driver.sim.apiserver --kubeconfig PATH` (serves until SIGTERM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import select
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, TypeVar
+from urllib.parse import parse_qs, urlsplit
+
+import yaml
+
+from driver.sim import apivalidate
+from driver.sim.apierrors import ApiError, bad_request
+from driver.sim.apiselect import field_selector, label_selector
+from driver.sim.apistore import Store, Watcher, now_rfc3339
+from driver.sim.apitypes import BY_PATH, BY_PLURAL, RESOURCE_TYPES, ResourceType
+
+PathT = TypeVar("PathT", str, os.PathLike)
+KUBERNETES_VERSION = "v1.37.0"
+DEFAULT_WATCH_SECONDS = 1800  # a real server picks 30-60 min; clients reconnect either way
+_WATCH_POLL_SECONDS = 0.5  # how often an idle watch checks whether its client went away
+_MAX_BODY = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One HTTP request as the server saw and answered it."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    verb: str  # get, list, watch, create, update, patch, delete, deletecollection
+    api_group: str  # "" for core and for non-resource paths
+    resource: str  # plural, "" for non-resource paths (discovery)
+    subresource: str
+    namespace: str
+    name: str
+    status: int
+    field_manager: str
+    content_type: str
+    time: float  # time.monotonic() when the request arrived
+
+
+@dataclass
+class _Fault:
+    method: str
+    path: re.Pattern[str]
+    status: int
+    remaining: int
+    delay: float
+
+
+class Faults:
+    """Failures to inject into the next matching requests (thread-safe)."""
+
+    def __init__(self, store: Store):
+        self._store = store
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+
+    def inject(
+        self, method: str = "*", path: str = ".*", status: int = 500, count: int = 1, delay: float = 0.0
+    ) -> None:
+        """The next `count` requests matching `method` ("*" = any) and `path` (regex search on the URL path)
+        sleep `delay` seconds and then get `status` (0: served normally after the delay)."""
+        with self._lock:
+            self._faults.append(_Fault(method.upper(), re.compile(path), status, count, delay))
+
+    def close_watches(self) -> None:
+        """End every open watch stream now; clients see the stream end (and usually reconnect)."""
+        self._store.close_watches()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def take(self, method: str, path: str) -> _Fault | None:
+        with self._lock:
+            for fault in self._faults:
+                if fault.remaining > 0 and fault.method in ("*", method) and fault.path.search(path):
+                    fault.remaining -= 1
+                    return fault
+            self._faults = [f for f in self._faults if f.remaining > 0]
+            return None
+
+
+@dataclass
+class _Route:
+    """Where a URL path points: a resource request, or a discovery document when `discovery` is set."""
+
+    rtype: ResourceType | None = None
+    namespace: str = ""
+    name: str = ""
+    subresource: str = ""
+    discovery: dict[str, Any] | None = None
+    group: str = ""
+    plural: str = ""
+
+
+class SimApiServer:
+    """The simulated API server; see the module docstring. Not listening until `start()`."""
+
+    def __init__(self, validate: bool = True):
+        self.store = Store(validate=validate)
+        self.faults = Faults(self.store)
+        self._requests: list[RequestRecord] = []
+        self._requests_lock = threading.Lock()
+        self._httpd: _HttpServer | None = None
+        self._thread: threading.Thread | None = None
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> SimApiServer:
+        """Bind 127.0.0.1 on a free port and serve from daemon threads; starting twice is a no-op."""
+        if self._httpd is not None:
+            return self
+        if self.store.validate:
+            apivalidate.warm_up()
+        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler, self)
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-apiserver", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    @property
+    def url(self) -> str:
+        if self._httpd is None:
+            raise RuntimeError("the simulated API server is not started")
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def write_kubeconfig(self, path: PathT) -> PathT:
+        """Write a kubeconfig (no credentials needed) pointing at this server; returns `path`."""
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "sim", "cluster": {"server": self.url}}],
+            "users": [{"name": "sim", "user": {}}],
+            "contexts": [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}],
+            "current-context": "sim",
+        }
+        with open(path, "w", encoding="utf-8") as f:
+            yaml.safe_dump(config, f)
+        return path
+
+    def stop(self) -> None:
+        self.store.close()
+        if self._httpd is not None:
+            self._httpd.shutdown()
+            self._httpd.close_connections()
+            self._httpd.server_close()
+            self._httpd = None
+
+    def __enter__(self) -> SimApiServer:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    # --- switches -------------------------------------------------------------------------------
+
+    @property
+    def list_attributes_enabled(self) -> bool:
+        """False simulates the DRAListTypeAttributes gate being off: list attribute values are dropped."""
+        return self.store.list_attributes_enabled
+
+    @list_attributes_enabled.setter
+    def list_attributes_enabled(self, value: bool) -> None:
+        self.store.list_attributes_enabled = value
+
+    # --- in-process access ----------------------------------------------------------------------
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create `obj` (status kept, so tests can create allocated claims); supports generateName."""
+        rtype = self.store.find_kind(obj)
+        return self.store.create(rtype, (obj.get("metadata") or {}).get("namespace"), obj, keep_status=True)
+
+    def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        """The object; raises KeyError (an ApiError 404) if missing."""
+        return self.store.get(_rtype(plural), namespace, name)
+
+    def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        items, _ = self.store.list(_rtype(plural), namespace, lambda _obj: True)
+        return items
+
+    def update(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """Full replace including status; a set metadata.resourceVersion must be current (else 409)."""
+        rtype = self.store.find_kind(obj)
+        meta = obj.get("metadata") or {}
+        return self.store.update(rtype, meta.get("namespace"), meta.get("name"), obj, replace_status=True)
+
+    def delete(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
+        return self.store.delete(_rtype(plural), namespace, name)
+
+    def add_node(self, name: str) -> dict[str, Any]:
+        return self.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}})
+
+    # --- request log ----------------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        with self._requests_lock:
+            return list(self._requests)
+
+    def clear_requests(self) -> None:
+        with self._requests_lock:
+            self._requests.clear()
+
+    def _log(self, record: RequestRecord) -> None:
+        with self._requests_lock:
+            self._requests.append(record)
+
+    @staticmethod
+    def wait_for(predicate: Callable[[], bool], timeout: float = 10) -> bool:
+        """Poll `predicate` until it holds (True) or `timeout` seconds pass (False)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if predicate():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _rtype(plural: str) -> ResourceType:
+    rtype = BY_PLURAL.get(plural)
+    if rtype is None:
+        raise ApiError(404, f"the server could not find the requested resource ({plural})", "NotFound")
+    return rtype
+
+
+class _HttpServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], sim: SimApiServer):
+        super().__init__(address, handler)
+        self.sim = sim
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def track(self, conn: socket.socket, open_: bool) -> None:
+        with self._connections_lock:
+            if open_:
+                self._connections.add(conn)
+            else:
+                self._connections.discard(conn)
+
+    def close_connections(self) -> None:
+        """Drop kept-alive client connections so that stop() leaves nothing served."""
+        with self._connections_lock:
+            conns = list(self._connections)
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HttpServer
+
+    def setup(self) -> None:
+        super().setup()
+        self.server.track(self.connection, True)
+
+    def finish(self) -> None:
+        try:
+            super().finish()
+        finally:
+            self.server.track(self.connection, False)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Quiet: the request log (`srv.requests`) is the record."""
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PUT(self) -> None:
+        self._handle("PUT")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
+    # --- request flow ---------------------------------------------------------------------------
+
+    def _handle(self, method: str) -> None:
+        sim = self.server.sim
+        url = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
+        route = _route(url.path, self.server.server_address)
+        verb = _verb(method, route, query)
+        self._pending_record: RequestRecord | None = RequestRecord(
+            method=method,
+            path=url.path,
+            query=query,
+            verb=verb,
+            api_group=route.group,
+            resource=route.plural,
+            subresource=route.subresource,
+            namespace=route.namespace,
+            name=route.name,
+            status=0,
+            field_manager=query.get("fieldManager", ""),
+            content_type=content_type,
+            time=time.monotonic(),
+        )
+        try:
+            raw = self._read_body()
+            fault = sim.faults.take(method, url.path)
+            if fault is not None:
+                time.sleep(fault.delay)
+                if fault.status:
+                    raise ApiError(fault.status, f"injected fault: {fault.status}")
+            self._serve(method, route, verb, query, content_type, raw)
+        except ApiError as e:
+            self._send_error(e)
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+        except Exception as e:  # never let one bad request take down the server thread
+            self._send_error(ApiError(500, f"internal error: {type(e).__name__}: {e}"))
+        finally:
+            self._log_status(499)  # no answer was sent: the client went away
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        """Log the request before any byte of the answer leaves, so a client that has its answer
+        always finds the request in `srv.requests`."""
+        self._log_status(code)
+        super().send_response(code, message)
+
+    def _log_status(self, code: int) -> None:
+        record = getattr(self, "_pending_record", None)
+        if record is not None:
+            self._pending_record = None
+            self.server.sim._log(dataclasses.replace(record, status=code))
+
+    def _read_body(self) -> bytes:
+        if (self.headers.get("Transfer-Encoding") or "").lower() == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return body
+                body += self.rfile.read(size)
+                self.rfile.readline()
+                if len(body) > _MAX_BODY:
+                    raise ApiError(413, "request entity too large", "RequestEntityTooLarge")
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > _MAX_BODY:
+            self.close_connection = True
+            raise ApiError(413, "request entity too large", "RequestEntityTooLarge")
+        return self.rfile.read(length) if length else b""
+
+    def _serve(
+        self, method: str, route: _Route, verb: str, query: dict[str, str], content_type: str, raw: bytes
+    ) -> int:
+        store = self.server.sim.store
+        if route.discovery is not None:
+            if method != "GET":
+                raise ApiError(405, f"{method} is not allowed on {self.path}", "MethodNotAllowed")
+            return self._send_json(200, route.discovery)
+        rtype = route.rtype
+        if rtype is None:
+            raise ApiError(404, "the server could not find the requested resource", "NotFound")
+        namespace = route.namespace or None
+        dry_run = query.get("dryRun") == "All"
+        if verb in ("list", "watch", "deletecollection"):
+            match_fields = field_selector(query.get("fieldSelector"), rtype.fields)
+            match_labels = label_selector(query.get("labelSelector"))
+
+            def match(obj: dict[str, Any]) -> bool:
+                return match_fields(obj) and match_labels(obj)
+
+            if verb == "watch":
+                return self._watch(rtype, namespace, match, query)
+            if verb == "deletecollection":
+                store.delete_collection(rtype, namespace, match, dry_run=dry_run)
+                return self._send_json(200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"})
+            items, rv = store.list(rtype, namespace, match)
+            return self._send_json(
+                200,
+                {
+                    "kind": f"{rtype.kind}List",
+                    "apiVersion": rtype.api_version,
+                    "metadata": {"resourceVersion": rv},
+                    "items": items,
+                },
+            )
+        if verb == "get":
+            return self._send_json(200, store.get(rtype, namespace, route.name))
+        if verb == "create":
+            if route.name:
+                raise ApiError(405, "POST is not allowed on a named object", "MethodNotAllowed")
+            return self._send_json(201, store.create(rtype, namespace, _json_body(raw), dry_run=dry_run))
+        if verb == "update":
+            body = _json_body(raw)
+            result = store.update(rtype, namespace, route.name, body, subresource=route.subresource, dry_run=dry_run)
+            return self._send_json(200, result)
+        if verb == "patch":
+            patch = _yaml_body(raw) if content_type == "application/apply-patch+yaml" else _json_body(raw)
+            result = store.patch(
+                rtype,
+                namespace,
+                route.name,
+                patch,
+                content_type,
+                subresource=route.subresource,
+                manager=query.get("fieldManager"),
+                force=query.get("force") in ("true", "1"),
+                dry_run=dry_run,
+            )
+            return self._send_json(200, result)
+        if verb == "delete":
+            options = _json_body(raw) if raw.strip() else {}
+            result = store.delete(rtype, namespace, route.name, options.get("preconditions"), dry_run=dry_run)
+            return self._send_json(200, result)
+        raise ApiError(405, f"{method} is not supported here", "MethodNotAllowed")
+
+    def _watch(
+        self, rtype: ResourceType, namespace: str | None, match: Callable[[dict], bool], query: dict[str, str]
+    ) -> int:
+        try:
+            timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
+        except ValueError:
+            raise bad_request(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from None
+        watcher: Watcher | None = None
+        error: ApiError | None = None
+        try:
+            watcher = self.server.sim.store.watch(rtype, namespace, match, query.get("resourceVersion"))
+        except ApiError as e:
+            if e.code != 410:
+                raise
+            error = e
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        self.close_connection = True
+        deadline = time.monotonic() + timeout
+        try:
+            while error is None and watcher is not None:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                try:
+                    events = watcher.next_events(min(remaining, _WATCH_POLL_SECONDS))
+                except ApiError as e:
+                    error = e
+                    break
+                if events is None:
+                    break
+                if not events and self._client_gone():
+                    return 200
+                for event_type, obj in events:
+                    self._chunk({"type": event_type, "object": obj})
+            if error is not None:
+                self._chunk({"type": "ERROR", "object": error.status()})
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        except OSError:
+            pass  # the client hung up: the watch just ends
+        finally:
+            if watcher is not None:
+                watcher.close()
+        return 200
+
+    def _chunk(self, event: dict[str, Any]) -> None:
+        line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+        self.wfile.write(f"{len(line):x}\r\n".encode() + line + b"\r\n")
+        self.wfile.flush()
+
+    def _client_gone(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and self.connection.recv(1, socket.MSG_PEEK) == b""
+        except OSError:
+            return True
+
+    def _send_json(self, code: int, body: dict[str, Any]) -> int:
+        data = json.dumps(body, separators=(",", ":")).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+        return code
+
+    def _send_error(self, error: ApiError) -> None:
+        data = json.dumps(error.status(), separators=(",", ":")).encode()
+        try:
+            self.send_response(error.code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            if error.code == 429:
+                self.send_header("Retry-After", "1")
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            self.close_connection = True
+
+
+def _json_body(raw: bytes) -> Any:
+    try:
+        return json.loads(raw or b"{}")
+    except (ValueError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+
+
+def _yaml_body(raw: bytes) -> Any:
+    try:
+        return yaml.safe_load(raw.decode()) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise bad_request(f"the apply body is not valid YAML: {e}") from None
+
+
+def _verb(method: str, route: _Route, query: dict[str, str]) -> str:
+    if route.rtype is None:
+        return "get"
+    if method == "GET":
+        if route.name:
+            return "get"
+        return "watch" if query.get("watch") in ("true", "1") else "list"
+    if method == "DELETE":
+        return "delete" if route.name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
+
+
+def _route(path: str, address: tuple[Any, ...]) -> _Route:
+    parts = [p for p in path.split("/") if p]
+    if parts == ["version"]:
+        return _Route(discovery=_version())
+    if parts == ["api"]:
+        server = f"{address[0]}:{address[1]}"
+        return _Route(
+            discovery={
+                "kind": "APIVersions",
+                "versions": ["v1"],
+                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server}],
+            }
+        )
+    if parts == ["apis"]:
+        return _Route(
+            discovery={"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g) for g in _groups()]}
+        )
+    if len(parts) == 2 and parts[0] == "apis" and parts[1] in _groups():
+        return _Route(discovery={"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1])})
+    if parts[:1] == ["api"]:
+        group, rest = "", parts[1:]
+    elif parts[:1] == ["apis"] and len(parts) >= 2:
+        group, rest = parts[1], parts[2:]
+    else:
+        return _Route()
+    if not rest:
+        return _Route()
+    version, rest = rest[0], rest[1:]
+    if not rest:
+        if any(t.group == group and t.version == version for t in RESOURCE_TYPES):
+            return _Route(discovery=_resource_list(group, version))
+        return _Route()
+    namespace = ""
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        namespace, rest = rest[1], rest[2:]
+    plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else ""), (rest[2] if len(rest) > 2 else "")
+    rtype = BY_PATH.get((group, version, plural))
+    route = _Route(namespace=namespace, name=name, subresource=sub, group=group, plural=plural)
+    valid = (
+        rtype is not None
+        and len(rest) <= 3
+        and (not namespace or rtype.namespaced)
+        and (not sub or sub in rtype.subresources)
+        and not (rtype.namespaced and name and not namespace)  # a named namespaced object needs its namespace
+    )
+    if valid:
+        route.rtype = rtype
+    return route
+
+
+def _groups() -> list[str]:
+    return sorted({t.group for t in RESOURCE_TYPES if t.group})
+
+
+def _group_doc(group: str) -> dict[str, Any]:
+    versions = sorted({t.version for t in RESOURCE_TYPES if t.group == group})
+    docs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
+    return {"name": group, "versions": docs, "preferredVersion": docs[0]}
+
+
+def _resource_list(group: str, version: str) -> dict[str, Any]:
+    resources = []
+    for t in RESOURCE_TYPES:
+        if (t.group, t.version) != (group, version):
+            continue
+        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        resources.append(
+            {
+                "name": t.plural,
+                "singularName": t.kind.lower(),
+                "namespaced": t.namespaced,
+                "kind": t.kind,
+                "verbs": verbs,
+                **({"shortNames": list(t.short_names)} if t.short_names else {}),
+            }
+        )
+        for sub in t.subresources:
+            resources.append(
+                {
+                    "name": f"{t.plural}/{sub}",
+                    "singularName": "",
+                    "namespaced": t.namespaced,
+                    "kind": t.kind,
+                    "verbs": ["get", "patch", "update"],
+                }
+            )
+    group_version = f"{group}/{version}" if group else version
+    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
+
+
+def _version() -> dict[str, str]:
+    return {
+        "major": "1",
+        "minor": "37",
+        "gitVersion": KUBERNETES_VERSION,
+        "gitCommit": "simulated",
+        "gitTreeState": "clean",
+        "buildDate": now_rfc3339(),
+        "goVersion": "go1.25.0",
+        "compiler": "gc",
+        "platform": "linux/amd64",
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run the simulated Kubernetes API server until SIGTERM.")
+    parser.add_argument("--kubeconfig", required=True, help="where to write a kubeconfig pointing at the server")
+    parser.add_argument("--no-validate", action="store_true", help="skip schema and DRA validation of writes")
+    args = parser.parse_args(argv)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    with SimApiServer(validate=not args.no_validate) as srv:
+        srv.write_kubeconfig(args.kubeconfig)
+        print(srv.url, flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
