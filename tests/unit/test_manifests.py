@@ -1,0 +1,483 @@
+"""The deployment manifests: valid for Kubernetes 1.37 and consistent with the daemon they start.
+
+Schema validation alone would accept a DaemonSet whose CDI_ROOT points at an unmounted path, or a
+DeviceClass that selects another driver's devices; the tests below tie every such value to the
+daemon's real flag parsing (driver/cli.py) and device vocabulary (driver/model.py), so a change on
+either side that the other does not follow fails here and not on a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from driver.cli import config_from_args, driver_parser
+from driver.config import Config
+from driver.config_api import opaque_entries, resolve
+from driver.kubelet.registration import registration_socket_path
+from driver.model import DeviceKind
+
+REPO = Path(__file__).resolve().parents[2]
+DAEMONSET_FILE = REPO / "daemonset.yaml"
+EXAMPLE_FILES = sorted((REPO / "examples").glob("*.yaml"))
+K8S_VERSION = "1.37.0"
+EXAMPLES_NAMESPACE = "tandem-examples"
+
+Doc = dict[str, Any]
+
+
+def _load(path: Path) -> list[Doc]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+
+
+INSTALL = _load(DAEMONSET_FILE)
+EXAMPLES = {p.name: _load(p) for p in EXAMPLE_FILES}
+ALL_DOCS = [(DAEMONSET_FILE.name, d) for d in INSTALL] + [(n, d) for n, docs in EXAMPLES.items() for d in docs]
+
+
+def _one(docs: list[Doc], kind: str) -> Doc:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected exactly one {kind}, found {len(found)}"
+    return found[0]
+
+
+def _of_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+DAEMONSET = _one(INSTALL, "DaemonSet")
+POD_SPEC = DAEMONSET["spec"]["template"]["spec"]
+CONTAINER = POD_SPEC["containers"][0]
+ENV = {e["name"]: e for e in CONTAINER["env"]}
+DEVICE_CLASSES = {d["metadata"]["name"]: d for d in _of_kind(INSTALL, "DeviceClass")}
+
+# Stand-ins for the downward-API values the kubelet fills in.
+FAKE_NODE = "node-a"
+FAKE_POD_UID = "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11"
+
+
+def _doc_id(item: tuple[str, Doc]) -> str:
+    name, doc = item
+    return f"{name}:{doc['kind']}/{doc['metadata'].get('name', '?')}"
+
+
+@pytest.mark.parametrize("item", ALL_DOCS, ids=[_doc_id(i) for i in ALL_DOCS])
+def test_document_is_valid_for_kubernetes_1_37(item: tuple[str, Doc]) -> None:
+    _name, doc = item
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_validation_is_strict_about_unknown_fields() -> None:
+    """Guards the test above: a misspelled field must fail, or the schema check proves nothing."""
+    doc = yaml.safe_load(yaml.safe_dump(DAEMONSET))
+    doc["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError, match="volumeMount"):
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_install_file_has_no_duplicate_objects() -> None:
+    keys = [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in INSTALL]
+    assert len(keys) == len(set(keys)), keys
+
+
+def test_install_file_creates_its_namespace_before_namespaced_objects() -> None:
+    ns = _one(INSTALL, "Namespace")["metadata"]["name"]
+    first_use = next(i for i, d in enumerate(INSTALL) if d["metadata"].get("namespace"))
+    assert INSTALL.index(_one(INSTALL, "Namespace")) < first_use
+    assert {d["metadata"]["namespace"] for d in INSTALL if "namespace" in d["metadata"]} == {ns}
+
+
+# -- the daemon's configuration, as the DaemonSet's environment produces it --------------------
+
+
+def _env_value(entry: dict[str, Any]) -> str:
+    if "value" in entry:
+        return str(entry["value"])
+    field = entry["valueFrom"]["fieldRef"]["fieldPath"]
+    return {"spec.nodeName": FAKE_NODE, "metadata.uid": FAKE_POD_UID}[field]
+
+
+@pytest.fixture
+def daemon_config(monkeypatch: pytest.MonkeyPatch) -> Config:
+    """The Config `tandem-driver run` builds inside the pod: the real parser, the pod's environment."""
+    for name in ENV:
+        monkeypatch.delenv(name, raising=False)
+    for name, entry in ENV.items():
+        monkeypatch.setenv(name, _env_value(entry))
+    assert CONTAINER["args"][0] == "run"
+    return config_from_args(driver_parser().parse_args(CONTAINER["args"]))
+
+
+def test_downward_api_supplies_node_name_and_pod_uid() -> None:
+    assert ENV["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+    assert ENV["POD_UID"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.uid"
+
+
+def test_daemon_config_takes_the_pod_environment(daemon_config: Config) -> None:
+    assert daemon_config.node_name == FAKE_NODE
+    assert daemon_config.pod_uid == FAKE_POD_UID, "POD_UID enables the rolling-update socket names"
+    assert daemon_config.device_kinds == {DeviceKind.GPU, DeviceKind.NIC}
+
+
+def _mounts() -> dict[PurePosixPath, dict[str, Any]]:
+    return {PurePosixPath(m["mountPath"]): m for m in CONTAINER["volumeMounts"]}
+
+
+def _volume(name: str) -> dict[str, Any]:
+    return next(v for v in POD_SPEC["volumes"] if v["name"] == name)
+
+
+def _mount_for(path: Path) -> dict[str, Any] | None:
+    """The deepest mount that contains `path` (itself or a parent), as the kernel resolves it."""
+    p = PurePosixPath(path)
+    best = None
+    for mount_path, mount in _mounts().items():
+        if (p == mount_path or mount_path in p.parents) and (
+            best is None or len(mount_path.parts) > len(PurePosixPath(best["mountPath"]).parts)
+        ):
+            best = mount
+    return best
+
+
+def _host_path_of(path: Path) -> PurePosixPath:
+    mount = _mount_for(path)
+    assert mount is not None, f"{path} is not on any volume mount"
+    host = _volume(mount["name"]).get("hostPath")
+    assert host is not None, f"{path} is mounted from volume {mount['name']!r}, which is not a hostPath"
+    return PurePosixPath(host["path"]) / PurePosixPath(path).relative_to(mount["mountPath"])
+
+
+@pytest.mark.parametrize(
+    "attr", ["registrar_dir", "data_dir", "cdi_root", "sysfs_root", "dev_root", "nvidia_driver_root"]
+)
+def test_every_configured_path_is_a_mounted_host_path(daemon_config: Config, attr: str) -> None:
+    _host_path_of(getattr(daemon_config, attr))
+
+
+@pytest.mark.parametrize("attr", ["registrar_dir", "data_dir", "cdi_root", "dev_root"])
+def test_paths_shared_with_kubelet_and_runtime_are_the_same_inside_and_out(daemon_config: Config, attr: str) -> None:
+    """The kubelet dials sockets and the runtime reads CDI specs and device nodes by host path."""
+    path = getattr(daemon_config, attr)
+    assert _host_path_of(path) == PurePosixPath(path)
+
+
+def test_data_dir_mount_is_only_this_drivers_directory(daemon_config: Config) -> None:
+    mount = _mount_for(daemon_config.data_dir)
+    assert mount is not None and PurePosixPath(mount["mountPath"]) == PurePosixPath(daemon_config.data_dir)
+
+
+@pytest.mark.parametrize("attr", ["sysfs_root", "nvidia_driver_root"])
+def test_host_views_are_read_only(daemon_config: Config, attr: str) -> None:
+    mount = _mount_for(getattr(daemon_config, attr))
+    assert mount is not None and mount.get("readOnly") is True
+
+
+def test_writable_state_is_not_read_only(daemon_config: Config) -> None:
+    for path in (daemon_config.registrar_dir, daemon_config.data_dir, daemon_config.cdi_root):
+        mount = _mount_for(path)
+        assert mount is not None and not mount.get("readOnly", False), path
+
+
+def test_every_volume_is_mounted_and_every_mount_has_a_volume() -> None:
+    volumes = {v["name"] for v in POD_SPEC["volumes"]}
+    mounted = {m["name"] for m in CONTAINER["volumeMounts"]}
+    assert volumes == mounted
+
+
+# -- pod-level settings the issue asks for --------------------------------------------------
+
+
+def test_rolling_update_surges_one_pod_and_never_leaves_a_node_without_driver() -> None:
+    strategy = DAEMONSET["spec"]["updateStrategy"]
+    assert strategy["type"] == "RollingUpdate"
+    assert strategy["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+    assert "POD_UID" in ENV, "surging needs the rolling-update socket names, derived from POD_UID"
+
+
+def test_pod_runs_in_host_network_as_node_critical() -> None:
+    assert POD_SPEC["hostNetwork"] is True
+    assert POD_SPEC["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert POD_SPEC["priorityClassName"] == "system-node-critical"
+    assert POD_SPEC["terminationGracePeriodSeconds"] >= 45, "the kubelet gives a DRA call up to ~45 s"
+
+
+def test_pod_tolerates_gpu_taints() -> None:
+    tolerations = POD_SPEC["tolerations"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in tolerations
+
+
+def test_resources_have_requests_and_a_memory_limit() -> None:
+    res = CONTAINER["resources"]
+    assert set(res["requests"]) == {"cpu", "memory"}
+    assert "memory" in res["limits"]
+
+
+def test_probes_run_the_liveness_subcommand() -> None:
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert CONTAINER[probe]["exec"]["command"] == ["tandem-driver", "liveness"], probe
+
+
+def _subcommands() -> set[str]:
+    parser = driver_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    return set(sub.choices)
+
+
+def test_container_args_name_a_real_subcommand() -> None:
+    assert CONTAINER["args"][0] in _subcommands()
+
+
+def test_liveness_probe_finds_the_sockets_the_daemon_creates(daemon_config: Config) -> None:
+    """The probe runs with the pod's environment; it must derive the very socket `run` listens on."""
+    (command, subcommand) = CONTAINER["livenessProbe"]["exec"]["command"]
+    assert command == "tandem-driver"
+    probe = driver_parser().parse_args([subcommand])
+    probed = registration_socket_path(Path(probe.kubelet_registrar_dir), probe.driver_name, probe.pod_uid)
+    served = registration_socket_path(daemon_config.registrar_dir, daemon_config.driver_name, daemon_config.pod_uid)
+    assert probed == served
+    plain = registration_socket_path(daemon_config.registrar_dir, daemon_config.driver_name)
+    assert probed != plain, "a rolling-update name, so that two pods of a surge do not share one socket"
+    assert _mount_for(probed) is not None
+
+
+def test_pod_uses_the_bound_service_account_with_a_default_token() -> None:
+    sa = _one(INSTALL, "ServiceAccount")
+    assert POD_SPEC["serviceAccountName"] == sa["metadata"]["name"]
+    assert POD_SPEC.get("automountServiceAccountToken", True) is True
+    assert sa.get("automountServiceAccountToken", True) is True
+
+
+# -- names that must agree across objects -------------------------------------------------------
+
+
+def test_rbac_binds_the_daemonsets_service_account() -> None:
+    role = _one(INSTALL, "ClusterRole")
+    binding = _one(INSTALL, "ClusterRoleBinding")
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {
+            "kind": "ServiceAccount",
+            "name": POD_SPEC["serviceAccountName"],
+            "namespace": DAEMONSET["metadata"]["namespace"],
+        }
+    ]
+
+
+def _rules() -> dict[tuple[str, str], dict[str, Any]]:
+    rules = {}
+    for rule in _one(INSTALL, "ClusterRole")["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                assert (group, resource) not in rules, f"{group}/{resource} granted twice"
+                rules[(group, resource)] = rule
+    return rules
+
+
+def test_rbac_grants_what_the_driver_calls(daemon_config: Config) -> None:
+    rules = _rules()
+    assert set(rules["resource.k8s.io", "resourceslices"]["verbs"]) >= {"list", "watch", "create", "update", "delete"}
+    assert "get" in rules["resource.k8s.io", "resourceclaims"]["verbs"]
+    assert "patch" in rules["resource.k8s.io", "resourceclaims/status"]["verbs"]
+    assert rules["", "nodes"]["verbs"] == ["get"]
+    granular = rules["resource.k8s.io", "resourceclaims/driver"]
+    assert granular["resourceNames"] == [daemon_config.driver_name]
+    assert "associated-node:patch" in granular["verbs"]
+
+
+def test_rbac_grants_nothing_cluster_wide_beyond_the_driver() -> None:
+    """Least privilege: no wildcards, no arbitrary-node status writes, no secrets, no pods."""
+    for (group, resource), rule in _rules().items():
+        assert "*" not in rule["verbs"] and "*" not in (group, resource)
+        assert not any(v.startswith("arbitrary-node:") for v in rule["verbs"]), resource
+    assert set(_rules()) == {
+        ("resource.k8s.io", "resourceslices"),
+        ("resource.k8s.io", "resourceclaims"),
+        ("resource.k8s.io", "resourceclaims/status"),
+        ("resource.k8s.io", "resourceclaims/driver"),
+        ("", "nodes"),
+    }
+
+
+def test_admission_policy_restricts_the_drivers_service_account_to_its_node() -> None:
+    policy = _one(INSTALL, "ValidatingAdmissionPolicy")
+    binding = _one(INSTALL, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
+    assert rule["resources"] == ["resourceslices"]
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    user = f"system:serviceaccount:{DAEMONSET['metadata']['namespace']}:{POD_SPEC['serviceAccountName']}"
+    assert any(f'"{user}"' in c["expression"] for c in policy["spec"]["matchConditions"])
+    text = yaml.safe_dump(policy["spec"])
+    assert "authentication.kubernetes.io/node-name" in text
+    assert "oldObject" in text, "DELETE must be checked against the slice being deleted"
+
+
+def test_device_class_selectors_select_this_drivers_devices(daemon_config: Config) -> None:
+    driver = daemon_config.driver_name
+    for name, cls in DEVICE_CLASSES.items():
+        expressions = [s["cel"]["expression"] for s in cls["spec"]["selectors"]]
+        assert any(f'device.driver == "{driver}"' in e for e in expressions), name
+        domains = {d for e in expressions for d in re.findall(r'device\.attributes\["([^"]+)"\]', e)}
+        assert domains == {driver}, f"{name} reads attributes of {domains}"
+
+
+def test_there_is_one_device_class_per_device_kind() -> None:
+    types: dict[str, str] = {}
+    for name, cls in DEVICE_CLASSES.items():
+        for sel in cls["spec"]["selectors"]:
+            m = re.search(r'\.type == "([a-z]+)"', sel["cel"]["expression"])
+            if m:
+                types[m.group(1)] = name
+    assert set(types) == {k.value for k in DeviceKind}
+    assert {types[k.value] for k in DeviceKind} == {f"{k.value}.tandem.dev" for k in DeviceKind}
+
+
+_QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def _valid_extended_resource_name(name: str) -> bool:
+    """IsExtendedResourceName (resource-api.md §5)."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    prefix, _, short = name.partition("/")
+    prefix_ok = len(prefix) <= 253 and re.fullmatch(
+        r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*", prefix
+    )
+    return bool(prefix_ok) and len(short) <= 63 and bool(_QUALIFIED_NAME.match(short))
+
+
+def test_extended_resource_names_are_valid_and_unique() -> None:
+    names = [c["spec"]["extendedResourceName"] for c in DEVICE_CLASSES.values() if "extendedResourceName" in c["spec"]]
+    assert DEVICE_CLASSES["gpu.tandem.dev"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert "extendedResourceName" in DEVICE_CLASSES["nic.tandem.dev"]["spec"]
+    assert len(names) == len(set(names))
+    for name in names:
+        assert _valid_extended_resource_name(name), name
+
+
+@pytest.mark.parametrize("bad", ["gpu", "kubernetes.io/gpu", "requests.example.com/gpu", "example.com/-gpu"])
+def test_extended_resource_name_check_rejects_invalid_names(bad: str) -> None:
+    assert not _valid_extended_resource_name(bad)
+
+
+# -- examples -------------------------------------------------------------------------------
+
+
+def _walk(obj: Any) -> Iterator[dict[str, Any]]:
+    if isinstance(obj, dict):
+        yield obj
+        for v in obj.values():
+            yield from _walk(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _walk(v)
+
+
+def _claim_specs(docs: list[Doc]) -> Iterator[tuple[str, dict[str, Any]]]:
+    for d in docs:
+        if d["kind"] == "ResourceClaimTemplate":
+            yield d["metadata"]["name"], d["spec"]["spec"]
+        elif d["kind"] == "ResourceClaim":
+            yield d["metadata"]["name"], d["spec"]
+
+
+def test_examples_cover_every_scenario() -> None:
+    assert {
+        "namespace.yaml",
+        "gpu.yaml",
+        "mig.yaml",
+        "nic.yaml",
+        "gpu-nic-pair.yaml",
+        "extended-resource.yaml",
+        "opaque-config.yaml",
+        "device-taint-rule.yaml",
+    } <= set(EXAMPLES)
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_objects_live_in_the_example_namespace(name: str) -> None:
+    declared = {d["metadata"]["name"] for d in EXAMPLES["namespace.yaml"] if d["kind"] == "Namespace"}
+    assert declared == {EXAMPLES_NAMESPACE}
+    for d in EXAMPLES[name]:
+        if d["kind"] not in ("Namespace", "DeviceTaintRule"):
+            assert d["metadata"].get("namespace") == EXAMPLES_NAMESPACE, f"{d['kind']}/{d['metadata']['name']}"
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_device_class_names_are_installed(name: str) -> None:
+    for node in _walk(EXAMPLES[name]):
+        if "deviceClassName" in node:
+            assert node["deviceClassName"] in DEVICE_CLASSES, node["deviceClassName"]
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_pods_reference_claims_that_exist(name: str) -> None:
+    templates = {n for n, _ in _claim_specs(EXAMPLES[name])}
+    for pod in _of_kind(EXAMPLES[name], "Pod"):
+        spec = pod["spec"]
+        pod_claims = {c["name"]: c for c in spec.get("resourceClaims", [])}
+        for claim in pod_claims.values():
+            assert claim["resourceClaimTemplateName"] in templates
+        for container in spec["containers"]:
+            for ref in container.get("resources", {}).get("claims", []):
+                assert ref["name"] in pod_claims, f"{pod['metadata']['name']}: {ref['name']}"
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_constraints_and_configs_name_existing_requests(name: str, daemon_config: Config) -> None:
+    for claim, spec in _claim_specs(EXAMPLES[name]):
+        requests = {r["name"] for r in spec["devices"]["requests"]}
+        for c in spec["devices"].get("constraints", []):
+            assert set(c.get("requests", [])) <= requests, claim
+        for c in spec["devices"].get("config", []):
+            assert set(c.get("requests", [])) <= requests, claim
+            assert c["opaque"]["driver"] == daemon_config.driver_name, claim
+
+
+def test_gpu_nic_pair_matches_on_the_pcie_root() -> None:
+    ((_, spec),) = _claim_specs(EXAMPLES["gpu-nic-pair.yaml"])
+    classes = {r["name"]: r["exactly"]["deviceClassName"] for r in spec["devices"]["requests"]}
+    assert sorted(classes.values()) == ["gpu.tandem.dev", "nic.tandem.dev"]
+    assert spec["devices"]["constraints"] == [
+        {"requests": sorted(classes), "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    ]
+
+
+def test_extended_resource_pod_asks_for_a_class_backed_resource() -> None:
+    names = {c["spec"]["extendedResourceName"] for c in DEVICE_CLASSES.values() if "extendedResourceName" in c["spec"]}
+    (pod,) = _of_kind(EXAMPLES["extended-resource.yaml"], "Pod")
+    asked = {k for c in pod["spec"]["containers"] for k in c["resources"].get("limits", {})}
+    assert "nvidia.com/gpu" in asked and asked <= names
+    assert "resourceClaims" not in pod["spec"], "the scheduler creates the claim itself"
+
+
+def test_opaque_config_example_decodes_with_the_drivers_decoder(daemon_config: Config) -> None:
+    """The example's GpuConfig/NicConfig pass Tandem's strict decoder, as an allocation carries them."""
+    ((_, spec),) = _claim_specs(EXAMPLES["opaque-config.yaml"])
+    allocation = {"devices": {"config": [{"source": "FromClaim", **c} for c in spec["devices"]["config"]]}}
+    entries = opaque_entries(allocation, daemon_config.driver_name)
+    assert len(entries) == 2
+    nic = resolve(entries, "nic").nic
+    assert (nic.mode, nic.interface_name) == ("exclusive", "net1")
+    assert resolve(entries, "gpu").gpu.pair_nics is True
+
+
+def test_device_taint_rules_select_this_drivers_devices(daemon_config: Config) -> None:
+    rules = _of_kind(EXAMPLES["device-taint-rule.yaml"], "DeviceTaintRule")
+    assert rules
+    for rule in rules:
+        selector = rule["spec"]["deviceSelector"]
+        assert selector["driver"] == daemon_config.driver_name
+        assert set(selector) <= {"driver", "pool", "device"}
+    assert any("device" in r["spec"]["deviceSelector"] for r in rules), "the cordon-one-device form"
