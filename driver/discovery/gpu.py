@@ -18,6 +18,7 @@ devices publishes nothing and is logged as stranded capacity.
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import logging
 import re
@@ -196,17 +197,24 @@ class GpuDiscovery:
     """
 
     def __init__(
-        self, sysfs_root: Path = Path("/sys"), list_attributes: bool = False, *, proc_root: Path = Path("/proc")
+        self,
+        sysfs_root: Path = Path("/sys"),
+        list_attributes: bool = False,
+        *,
+        proc_root: Path = Path("/proc"),
+        driver_root: Path = Path("/"),
     ) -> None:
         self.sysfs_root = sysfs_root
         self.list_attributes = list_attributes
         self.proc_root = proc_root
+        self.driver_root = driver_root
 
     def discover(self) -> list[Device]:
         try:
             nvml = importlib.import_module("pynvml")
         except ImportError as e:
             raise NvmlUnavailable(f"the pynvml module cannot be imported: {e}") from e
+        preload_nvml(self.driver_root)
         try:
             nvml.nvmlInit()
         except nvml.NVMLError as e:
@@ -218,6 +226,30 @@ class GpuDiscovery:
                 nvml.nvmlShutdown()
             except nvml.NVMLError as e:
                 log.warning("nvmlShutdown failed: %s", e)
+
+
+_NVML_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib")
+
+
+def preload_nvml(driver_root: Path) -> Path | None:
+    """Load libnvidia-ml.so.1 from the mounted host driver (e.g. /driver-root) before pynvml asks.
+
+    pynvml dlopens the library by soname; glibc then reuses an already loaded library with that
+    soname. Setting LD_LIBRARY_PATH to the host's library directory instead would pull the host's
+    glibc into the container's process. With the default root `/` the normal search is right.
+    """
+    if driver_root == Path("/"):
+        return None
+    for d in _NVML_LIB_DIRS:
+        candidate = driver_root / d / "libnvidia-ml.so.1"
+        if candidate.exists():
+            try:
+                ctypes.CDLL(str(candidate), mode=ctypes.RTLD_GLOBAL)
+            except OSError as e:
+                log.warning("cannot load %s: %s", candidate, e)
+                return None
+            return candidate
+    return None
 
 
 class _Session:

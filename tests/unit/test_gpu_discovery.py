@@ -317,3 +317,17 @@ def test_value_conversions() -> None:
     assert binary_quantity(4864 * 2**20) == "4864Mi"
     assert binary_quantity(2**40) == "1Ti"
     assert binary_quantity(1000) == "1000"
+
+
+def test_nvml_is_preloaded_from_the_mounted_driver_root(tmp_path: Path) -> None:
+    from driver.discovery.gpu import preload_nvml
+
+    assert preload_nvml(Path("/")) is None  # the default root uses the normal library search
+    assert preload_nvml(tmp_path) is None  # nothing there: pynvml's own lookup reports it
+    lib = tmp_path / "usr/lib64/libnvidia-ml.so.1"
+    lib.parent.mkdir(parents=True)
+    lib.write_bytes(b"not an ELF file")
+    assert preload_nvml(tmp_path) is None  # found but unloadable: a warning, not a crash
+    real = next(Path("/").glob("usr/lib/*-linux-gnu/libz.so.1"), None) or next(Path("/").glob("lib/*/libz.so.1"))
+    lib.write_bytes(real.read_bytes())  # any loadable shared object stands in for libnvidia-ml
+    assert preload_nvml(tmp_path) == lib
