@@ -58,6 +58,23 @@ class Taint:
 
 
 @dataclass(frozen=True)
+class Condition:
+    """One reason a device is not plainly healthy, as a health source or an SRE reports it.
+
+    The inventory turns conditions into the device's taints (key, value, effect) and its health
+    (UNHEALTHY if any condition is `unhealthy`). `message` says why, for the kubelet's health
+    stream and `tandemctl`; `value` is the short taint value (a label value: at most 63
+    characters of [A-Za-z0-9_.-], starting and ending alphanumeric).
+    """
+
+    key: str  # e.g. "tandem.dev/xid"
+    effect: TaintEffect
+    value: str = ""
+    message: str = ""
+    unhealthy: bool = True
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """What the prepare path needs to know about a GPU or MIG device beyond its attributes."""
 
