@@ -67,18 +67,21 @@ class ClaimRecord:
     uid: str
     state: str = STATE_COMPLETED
     devices: tuple[DeviceRecord, ...] = ()
+    # The driver instance that wrote a PrepareStarted record: only that instance may be mid-prepare.
+    owner: str = ""
     # Fields written by a newer driver version, kept so that a rewrite by this version loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_json(cls, uid: str, raw: dict[str, Any]) -> ClaimRecord:
-        known = {"namespace", "name", "state", "devices"}
+        known = {"namespace", "name", "state", "devices", "owner"}
         return cls(
             namespace=str(raw["namespace"]),
             name=str(raw["name"]),
             uid=uid,
             state=str(raw.get("state", STATE_COMPLETED)),
             devices=tuple(DeviceRecord.from_json(d) for d in raw.get("devices", ())),
+            owner=str(raw.get("owner", "")),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -89,6 +92,7 @@ class ClaimRecord:
             "name": self.name,
             "state": self.state,
             "devices": [d.to_json() for d in self.devices],
+            **({"owner": self.owner} if self.owner else {}),
         }
 
 
@@ -158,3 +162,40 @@ class Checkpoint:
             yield claims
             if claims != before:
                 self._store(claims)
+
+
+class InstanceLock:
+    """Held (flock) for the whole life of a driver instance, so others can tell it is alive.
+
+    During a rolling update two instances share the data dir. A PrepareStarted record left by a
+    crashed instance must be rolled back, but one of a live instance is a prepare in flight; the
+    lock tells which, without relying on PIDs (pods do not share a PID namespace).
+    """
+
+    def __init__(self, data_dir: Path, instance_id: str) -> None:
+        self.instance_id = instance_id
+        self._dir = data_dir / "instances"
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self._dir / f"{instance_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+    def is_alive(self, instance_id: str) -> bool:
+        if instance_id == self.instance_id:
+            return True
+        path = self._dir / f"{instance_id}.lock"
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        path.unlink(missing_ok=True)  # its owner is gone: tidy up
+        return False
+
+    def release(self) -> None:
+        os.close(self._fd)
+        (self._dir / f"{self.instance_id}.lock").unlink(missing_ok=True)

@@ -14,15 +14,17 @@ import os
 import signal
 import stat
 import threading
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
 
-from driver.checkpoint import Checkpoint
+from driver.checkpoint import Checkpoint, InstanceLock
 from driver.config import Config
 from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
 from driver.discovery.nic import NicDiscovery, NicWatcher
+from driver.discovery.nvidia_files import find_driver_files
 from driver.fsutil import boot_id
 from driver.inventory import Inventory
 from driver.kubeapi import KubeAPI
@@ -34,8 +36,9 @@ from driver.kubelet.registration import (
     registration_socket_path,
 )
 from driver.kubelet.service import add_dra_services
+from driver.metadata import MetadataWriter
 from driver.model import DeviceKind
-from driver.prepare import Preparer
+from driver.prepare import Preparer, PrepareSettings
 from driver.refresh import RefreshLoop, SourceUnavailable
 from driver.slices import SlicePublisher
 
@@ -71,12 +74,22 @@ class Daemon:
         self.inventory = Inventory()
         self.api = KubeAPI(config.kubeconfig)
         self.checkpoint = Checkpoint(self.data_dir, boot_id())
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
+        self.instance = InstanceLock(self.data_dir, config.pod_uid or uuid.uuid4().hex)
+        self.driver_files = find_driver_files(config.nvidia_driver_root)
         self.preparer = Preparer(
-            claims=self.api,
+            api=self.api,
             checkpoint=self.checkpoint,
-            driver_name=config.driver_name,
-            pool=config.node_name,
+            instance=self.instance,
+            settings=PrepareSettings(
+                driver_name=config.driver_name,
+                pool=config.node_name,
+                cdi_root=config.cdi_root,
+                dev_root=config.dev_root,
+            ),
             lookup_device=self.inventory.get,
+            driver_files=lambda: self.driver_files,
+            metadata=MetadataWriter(self.data_dir, config.cdi_root, config.driver_name),
         )
         self.publisher = SlicePublisher(
             api=self.api,
@@ -95,11 +108,16 @@ class Daemon:
         cfg = self.config
         sources = []
         if DeviceKind.GPU in cfg.device_kinds:
-            gpus = GpuDiscovery(sysfs_root=cfg.sysfs_root, list_attributes=cfg.list_attributes)
+            gpus = GpuDiscovery(
+                sysfs_root=cfg.sysfs_root, list_attributes=cfg.list_attributes, driver_root=cfg.nvidia_driver_root
+            )
 
             def discover_gpus():  # type: ignore[no-untyped-def]
                 try:
-                    return gpus.discover()
+                    devices = gpus.discover()
+                    # A driver upgrade changes the user-space files; pick them up with the GPUs.
+                    self.driver_files = find_driver_files(cfg.nvidia_driver_root)
+                    return devices
                 except NvmlUnavailable as e:
                     raise SourceUnavailable(str(e)) from e
 
@@ -133,14 +151,18 @@ class Daemon:
 
     def start(self) -> None:
         cfg = self.config
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         cfg.registrar_dir.mkdir(parents=True, exist_ok=True)
+        cfg.cdi_root.mkdir(parents=True, exist_ok=True)
         for source in self.sources:
             source.start()
         if self._nic_watcher is not None:
             self._nic_watcher.start()
         self.publisher.start()
 
+        # Discovery first: reconciliation must not mistake a kept NIC for a vanished one.
+        for source in self.sources:
+            source.wait_first_run(timeout=30)
+        self.preparer.reconcile()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
         services = add_dra_services(self._dra_server, self.preparer)
         _serve_unix(self._dra_server, self.dra_socket)
@@ -170,6 +192,7 @@ class Daemon:
         for source in self.sources:
             source.stop()
         self.publisher.stop()  # slices stay: a restart must not cause scheduling churn
+        self.instance.release()
         log.info("stopped")
 
 

@@ -9,6 +9,7 @@ same PCIe root, what the kubelet gets back on prepare, and a clean unprepare and
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from driver.sim.apiserver import SimApiServer
+from driver.sim.driver_files import render_driver_files
 from driver.sim.kubelet import ClaimRef, KubeletSim
 from driver.sim.nvml import env_for, write_state
 from driver.sim.profile import NodeProfile, h100_node
@@ -52,6 +54,7 @@ class SimNode:
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
         render_node(profile, dirs["sys"], dirs["dev"])
+        render_driver_files(dirs["nvidia"])
         state = root / "nvml-state.json"
         write_state(profile, state)
         return cls(
@@ -206,10 +209,28 @@ def _story(srv: SimApiServer, node: SimNode, proc: subprocess.Popen, log_path: P
                 f"cdi={list(d.cdi_device_ids)}"
             )
 
+        specs = sorted(p.name for p in node.cdi.iterdir())
+        _step(f"CDI specs written to {node.cdi}: {', '.join(specs)}")
+        spec = json.loads((node.cdi / next(n for n in specs if n.startswith("k8s."))).read_text())
+        env = spec.get("containerEdits", {}).get("env", [])
+        print(f"  cdiVersion {spec['cdiVersion']}, kind {spec['kind']}; container environment:")
+        for e in env:
+            print(f"    {e}")
+        status = srv.get("resourceclaims", "train-0", "default").get("status", {}).get("devices", [])
+        _step("claim status written by server-side apply (field manager tandem.dev):")
+        for d in status:
+            cond = d["conditions"][0]
+            nd = d.get("networkData")
+            extra = (
+                f" interface={nd['interfaceName']} mac={nd.get('hardwareAddress')} ips={nd.get('ips')}" if nd else ""
+            )
+            print(f"  {d['device']:<18} {cond['type']}={cond['status']}{extra}")
+
         errors = kubelet.unprepare([ref])
         if errors[ref.uid]:
             raise RuntimeError(f"unprepare failed: {errors[ref.uid]}")
-        _step("NodeUnprepareResources: claim released")
+        left = sorted(p.name for p in node.cdi.iterdir())
+        _step(f"NodeUnprepareResources: claim released; CDI specs left: {left or 'none'}")
 
     rc = stop_daemon(proc)
     leftover = [p.name for p in (*node.registry.iterdir(), *(node.plugins / DRIVER).glob("*.sock"))]

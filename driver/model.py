@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 STANDARD_DOMAIN = "resource.kubernetes.io"
 PCI_BUS_ID = f"{STANDARD_DOMAIN}/pciBusID"
@@ -124,3 +125,28 @@ class Device:
 
     def __hash__(self) -> int:
         return hash((self.name, self.kind))
+
+
+def attribute_to_api(value: object) -> dict[str, Any]:
+    """One attribute value in API form; tuples become list-typed attributes.
+
+    Raises ValueError for values the API cannot carry (empty or mixed-type lists, other types).
+    """
+    # bool before int: bool is a subclass of int.
+    if isinstance(value, bool):
+        return {"bool": value}
+    if isinstance(value, int):
+        return {"int": value}
+    if isinstance(value, str):
+        return {"string": value}
+    if isinstance(value, Version):
+        return {"version": value.value}
+    if isinstance(value, tuple):
+        if not value:
+            raise ValueError("list attribute is empty")
+        kinds = {next(iter(attribute_to_api(v))) for v in value}
+        if len(kinds) != 1 or isinstance(value[0], tuple):
+            raise ValueError(f"list attribute mixes value types: {value!r}")
+        key = kinds.pop() + "s"
+        return {key: [v.value if isinstance(v, Version) else v for v in value]}
+    raise ValueError(f"unsupported attribute value {value!r}")

@@ -2,24 +2,40 @@
 
 One implementation behind both DRAPlugin versions. Every claim gets its own answer: a bad claim
 is an error string for that claim, never a failed RPC that would hold back the pod's other claims.
-Claim names, namespaces and UIDs come from the kubelet but name API objects and, later, files:
-they are validated before anything else sees them.
+Claim names, namespaces and UIDs come from the kubelet but name API objects and files: they are
+validated before anything else sees them.
+
+Prepare is two-phase so that kill -9 at any line is recoverable. The checkpoint records
+PrepareStarted *before* any file is written and PrepareCompleted after the last one; unprepare
+removes files before the record. So a file on disk always has a record, and a PrepareStarted
+record means "maybe half done": the next prepare of that claim redoes every (idempotent) step,
+and start-up rolls back those whose owning instance is dead.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
+import cdi
+from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
+from driver.claim_cdi import CLAIM_CLASS, ClaimSpecError, PlannedDevice, claim_spec, claim_spec_filename, claim_vendor
 from driver.config import is_dns_label, is_dns_subdomain, is_uid
+from driver.config_api import ConfigDecodeError, opaque_entries, resolve
+from driver.discovery.nvidia_files import DriverFiles
+from driver.metadata import MetadataDevice, MetadataError, MetadataWriter, assign_metadata_ids, attributes_json
 from driver.model import Device
 
 log = logging.getLogger(__name__)
+
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
 
 @dataclass(frozen=True)
@@ -35,12 +51,24 @@ class PrepareResult:
     error: str = ""
 
 
-class ClaimReader(Protocol):
+class ClaimAPI(Protocol):
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str
+    ) -> None: ...
 
 
 class ClaimError(Exception):
     """This claim cannot be prepared; the message goes back to the kubelet for this claim only."""
+
+
+@dataclass(frozen=True)
+class PrepareSettings:
+    driver_name: str
+    pool: str  # this node's pool = node name
+    cdi_root: Path
+    dev_root: Path
 
 
 def validate_ref(ref: ClaimRef) -> None:
@@ -92,23 +120,78 @@ def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, po
     return list(by_device.values())
 
 
+def canonical_cidr(address: str) -> str:
+    """`fd00:0::a/64` -> `fd00::a/64`: the API server rejects non-canonical forms in networkData."""
+    return ipaddress.ip_interface(address).compressed
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
+    """What the pod will see of a NIC: its in-pod name in exclusive mode, the host name otherwise."""
+    nic = planned.device.nic
+    if nic is None:
+        return None
+    exclusive = planned.config.nic.mode == "exclusive"
+    out: dict[str, Any] = {"interfaceName": planned.config.nic.interface_name if exclusive else nic.ifname}
+    if nic.mac:
+        out["hardwareAddress"] = nic.mac
+    ips = [canonical_cidr(a) for a in (*nic.ipv4, *nic.ipv6)][:16]
+    if ips:
+        out["ips"] = ips
+    return out
+
+
+def status_entries(settings: PrepareSettings, planned: Sequence[PlannedDevice], now: str) -> list[dict[str, Any]]:
+    out = []
+    for p in planned:
+        entry: dict[str, Any] = {
+            "driver": settings.driver_name,
+            "pool": settings.pool,
+            "device": p.device.name,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Prepared",
+                    "message": f"prepared on node {settings.pool}",
+                    "lastTransitionTime": now,
+                }
+            ],
+        }
+        if p.share_id is not None:
+            entry["shareID"] = p.share_id
+        nd = network_data(p)
+        if nd is not None:
+            entry["networkData"] = nd
+        out.append(entry)
+    return out
+
+
 class Preparer:
-    """Prepares and unprepares claims. Concurrent calls for different claims run in parallel."""
+    """Prepares and unprepares claims. Calls for different claims run in parallel; each claim
+    is serialised by its own lock, and the checkpoint by a short file lock per transaction."""
 
     def __init__(
         self,
-        claims: ClaimReader,
+        api: ClaimAPI,
         checkpoint: Checkpoint,
-        driver_name: str,
-        pool: str,
+        instance: InstanceLock,
+        settings: PrepareSettings,
         lookup_device: Callable[[str], Device | None],
+        driver_files: Callable[[], DriverFiles],
+        metadata: MetadataWriter,
         workers: int = 16,
     ) -> None:
-        self._claims = claims
+        self._api = api
         self._checkpoint = checkpoint
-        self._driver = driver_name
-        self._pool = pool
+        self._instance = instance
+        self._s = settings
         self._lookup = lookup_device
+        self._driver_files = driver_files
+        self._metadata = metadata
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
         self._claim_locks: dict[str, threading.Lock] = {}
         self._claim_locks_guard = threading.Lock()
@@ -126,14 +209,20 @@ class Preparer:
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         return dict(zip([r.uid for r in refs], self._pool_exec.map(self._unprepare_one, refs), strict=True))
 
+    def prepared(self) -> dict[str, ClaimRecord]:
+        return self._checkpoint.read()
+
+    # --- prepare ------------------------------------------------------------------------------
+
     def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
         ctx = {"claim": ref.uid, "op": "prepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         try:
             validate_ref(ref)
-            claim = self._claims.get_claim(ref.namespace, ref.name)
-            devices = allocated_devices(claim, ref, self._driver, self._pool)
+            claim = self._api.get_claim(ref.namespace, ref.name)
+            records = allocated_devices(claim, ref, self._s.driver_name, self._s.pool)
+            planned = self._plan(claim, records)
             with self._claim_lock(ref.uid):
-                result = self._record(ref, devices)
+                result = self._prepare_locked(ref, claim, records, planned, ctx)
             log.info("prepared %d device(s)", len(result.devices), extra=ctx)
             return result
         except ClaimError as e:
@@ -143,19 +232,83 @@ class Preparer:
             log.exception("prepare failed", extra=ctx)
             return PrepareResult(error=f"prepare of claim {ref.namespace}/{ref.name} failed: {e}")
 
-    def _record(self, ref: ClaimRef, devices: list[DeviceRecord]) -> PrepareResult:
-        for d in devices:
-            if self._lookup(d.device) is None:
-                raise ClaimError(f"device {d.device!r} is not (or no longer) present on this node")
+    def _plan(self, claim: dict[str, Any], records: list[DeviceRecord]) -> list[PlannedDevice]:
+        entries = opaque_entries(claim["status"]["allocation"], self._s.driver_name)
+        planned = []
+        for r in records:
+            device = self._lookup(r.device)
+            if device is None:
+                raise ClaimError(f"device {r.device!r} is not (or no longer) present on this node")
+            try:
+                config = resolve(entries, r.request_names[0])
+            except ConfigDecodeError as e:
+                raise ClaimError(f"invalid opaque configuration: {e}") from e
+            planned.append(PlannedDevice(device, r.request_names, config, r.share_id))
+        return planned
+
+    def _prepare_locked(
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        records: list[DeviceRecord],
+        planned: list[PlannedDevice],
+        ctx: dict[str, str],
+    ) -> PrepareResult:
+        # Phase 1: claim the devices in the checkpoint before touching anything else.
         with self._checkpoint.transaction() as claims:
             existing = claims.get(ref.uid)
             if existing is not None and existing.state == STATE_COMPLETED:
                 return PrepareResult(devices=existing.devices)  # idempotent: same answer again
-            self._check_not_in_use(ref, devices, claims)
+            if existing is not None:
+                log.info("completing a prepare that was interrupted", extra=ctx)
+            self._check_not_in_use(ref, records, claims)
             claims[ref.uid] = ClaimRecord(
-                namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=tuple(devices)
+                namespace=ref.namespace,
+                name=ref.name,
+                uid=ref.uid,
+                state=STATE_STARTED,
+                devices=tuple(records),
+                owner=self._instance.instance_id,
             )
-        return PrepareResult(devices=tuple(devices))
+        # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
+        try:
+            spec, ids = claim_spec(self._s.driver_name, ref.uid, planned, self._s.dev_root, self._driver_files())
+        except (ClaimSpecError, cdi.SpecError) as e:
+            raise ClaimError(f"claim {ref.namespace}/{ref.name} cannot be given to a container: {e}") from e
+        if spec is not None:
+            cdi.write_spec(self._s.cdi_root, spec, claim_spec_filename(self._s.driver_name, ref.uid))
+        pod_claim_name = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION, "")
+        metadata_ids = self._write_metadata(ref, pod_claim_name, planned, ctx)
+        self._api.apply_claim_status(
+            ref.namespace, ref.name, status_entries(self._s, planned, _now()), field_manager=self._s.driver_name
+        )
+        done = _with_cdi_ids(records, ids, metadata_ids)
+        with self._checkpoint.transaction() as claims:
+            claims[ref.uid] = ClaimRecord(
+                namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
+            )
+        return PrepareResult(devices=done)
+
+    def _write_metadata(
+        self, ref: ClaimRef, pod_claim_name: str, planned: list[PlannedDevice], ctx: dict[str, str]
+    ) -> dict[str, str]:
+        devices = [
+            MetadataDevice(
+                request=request,
+                pool=self._s.pool,
+                name=p.device.name,
+                attributes=attributes_json(p.device),
+                network_data=network_data(p),
+            )
+            for p in planned
+            for request in p.request_names
+        ]
+        try:
+            return self._metadata.write(ref.namespace, ref.name, ref.uid, pod_claim_name, devices)
+        except (OSError, MetadataError):
+            # As the reference library does: metadata is a convenience, not a reason to fail the pod.
+            log.exception("device metadata not written; the claim is prepared without it", extra=ctx)
+            return {}
 
     @staticmethod
     def _check_not_in_use(ref: ClaimRef, devices: list[DeviceRecord], claims: dict[str, ClaimRecord]) -> None:
@@ -173,6 +326,8 @@ class Preparer:
                             f"({other.uid})"
                         )
 
+    # --- unprepare ----------------------------------------------------------------------------
+
     def _unprepare_one(self, ref: ClaimRef) -> str:
         ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         try:
@@ -182,15 +337,80 @@ class Preparer:
             log.warning("unprepare of an invalid claim reference, nothing to do: %s", e, extra=ctx)
             return ""
         try:
-            with self._claim_lock(ref.uid), self._checkpoint.transaction() as claims:
-                if claims.pop(ref.uid, None) is None:
+            with self._claim_lock(ref.uid):
+                record = self._checkpoint.read().get(ref.uid)
+                self._remove_files(ref.namespace, ref.name, ref.uid)
+                if record is None:
                     log.info("claim was not prepared here; nothing to do", extra=ctx)
                     return ""
+                self._clear_status(ref, ctx)
+                with self._checkpoint.transaction() as claims:
+                    claims.pop(ref.uid, None)
             log.info("unprepared", extra=ctx)
             return ""
         except Exception as e:
             log.exception("unprepare failed", extra=ctx)
             return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
 
-    def prepared(self) -> dict[str, ClaimRecord]:
-        return self._checkpoint.read()
+    def _remove_files(self, namespace: str, name: str, uid: str) -> None:
+        cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid))
+        self._metadata.remove(namespace, name, uid)
+
+    def _clear_status(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
+        """Withdraw our status.devices entries; the claim may already be gone, which is fine."""
+        try:
+            self._api.apply_claim_status(ref.namespace, ref.name, [], field_manager=self._s.driver_name)
+        except Exception as e:
+            log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
+
+    # --- start-up reconciliation --------------------------------------------------------------
+
+    def reconcile(self) -> None:
+        """Roll back prepares interrupted by a dead instance; remove files no record accounts for."""
+        with self._checkpoint.transaction() as claims:
+            for uid, record in list(claims.items()):
+                if record.state == STATE_STARTED and not self._instance.is_alive(record.owner):
+                    log.warning(
+                        "rolling back prepare of claim %s/%s interrupted by a crash",
+                        record.namespace,
+                        record.name,
+                        extra={"claim": uid, "op": "reconcile"},
+                    )
+                    self._remove_files(record.namespace, record.name, uid)
+                    del claims[uid]
+            known_uids = set(claims)
+            known_names = {(c.namespace, c.name) for c in claims.values()}
+            for path in cdi.list_specs(self._s.cdi_root, claim_vendor(self._s.driver_name), CLAIM_CLASS):
+                uid = path.name.rsplit("_", 1)[-1].removesuffix(".json")
+                if uid not in known_uids:
+                    log.info("removing orphaned CDI spec %s", path, extra={"op": "reconcile"})
+                    path.unlink(missing_ok=True)
+            for uid in self._metadata.owned_spec_uids() - known_uids:
+                log.info("removing orphaned metadata CDI spec of claim %s", uid, extra={"op": "reconcile"})
+                self._metadata.remove_specs(uid)
+            for namespace, name in self._metadata.owned_claims() - known_names:
+                log.info("removing orphaned device metadata of %s/%s", namespace, name, extra={"op": "reconcile"})
+                self._metadata.remove_claim_dir(namespace, name)
+
+
+def _with_cdi_ids(
+    records: list[DeviceRecord], ids: dict[str, list[str]], metadata_ids: dict[str, str]
+) -> tuple[DeviceRecord, ...]:
+    """Claim-spec IDs per device (one per share ID, in order), plus the metadata IDs."""
+    remaining = {name: list(v) for name, v in ids.items()}
+    extra = assign_metadata_ids([r.request_names for r in records], metadata_ids)
+    out = []
+    for r, meta in zip(records, extra, strict=True):
+        own = remaining.get(r.device, [])
+        out.append(
+            DeviceRecord(
+                request_names=r.request_names,
+                pool=r.pool,
+                device=r.device,
+                cdi_device_ids=(*own[:1], *meta),
+                share_id=r.share_id,
+                admin_access=r.admin_access,
+            )
+        )
+        del own[:1]
+    return tuple(out)

@@ -36,6 +36,7 @@ class RefreshLoop:
         self._period = period
         self._retry = Retry(backoff or Backoff())
         self._wake = threading.Event()
+        self._first_run = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"discover-{name}", daemon=True)
         self.runs = 0
@@ -43,6 +44,10 @@ class RefreshLoop:
 
     def start(self) -> None:
         self._thread.start()
+
+    def wait_first_run(self, timeout: float) -> bool:
+        """True once the first discovery has finished (successfully or not)."""
+        return self._first_run.wait(timeout)
 
     def trigger(self) -> None:
         """Rediscover now (hot-plug, driver reload, a netlink event)."""
@@ -77,5 +82,6 @@ class RefreshLoop:
     def _run(self) -> None:
         while not self._stop.is_set():
             wait = self.run_once()
+            self._first_run.set()
             self._wake.wait(timeout=wait)
             self._wake.clear()

@@ -23,7 +23,7 @@ from kubernetes.utils import parse_quantity
 
 from driver.backoff import Backoff, Retry
 from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound, SliceWatch
-from driver.model import NUMA_NODE, Device, Version
+from driver.model import NUMA_NODE, Device, attribute_to_api
 
 log = logging.getLogger(__name__)
 
@@ -49,31 +49,6 @@ TaintTimes = Mapping[tuple[str, str, str, str], str]
 
 def _now_rfc3339() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def attribute_to_api(value: object) -> dict[str, Any]:
-    """One attribute value in API form; tuples become list-typed attributes.
-
-    Raises ValueError for values the API cannot carry (empty or mixed-type lists, other types).
-    """
-    # bool before int: bool is a subclass of int.
-    if isinstance(value, bool):
-        return {"bool": value}
-    if isinstance(value, int):
-        return {"int": value}
-    if isinstance(value, str):
-        return {"string": value}
-    if isinstance(value, Version):
-        return {"version": value.value}
-    if isinstance(value, tuple):
-        if not value:
-            raise ValueError("list attribute is empty")
-        kinds = {next(iter(attribute_to_api(v))) for v in value}
-        if len(kinds) != 1 or isinstance(value[0], tuple):
-            raise ValueError(f"list attribute mixes value types: {value!r}")
-        key = kinds.pop() + "s"
-        return {key: [v.value if isinstance(v, Version) else v for v in value]}
-    raise ValueError(f"unsupported attribute value {value!r}")
 
 
 def device_to_api(device: Device, taint_times: TaintTimes, now: str) -> dict[str, Any]:

@@ -8,11 +8,10 @@ from typing import Any
 
 import pytest
 
-from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect, Version
+from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect, Version, attribute_to_api
 from driver.slices import (
     MAX_DEVICES_ADVANCED,
     MAX_DEVICES_PER_SLICE,
-    attribute_to_api,
     build_slices,
     generate_name,
     list_attributes_dropped,

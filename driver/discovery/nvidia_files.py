@@ -1,0 +1,227 @@
+"""The NVIDIA user-space driver files a CUDA container needs, found under the driver root.
+
+A container image carries CUDA but not the driver's user-space half (libcuda, NVML, the JIT
+compilers, nvidia-smi): it must match the kernel module, so it comes from the node. NVIDIA's own
+DRA driver puts these files into every claim's CDI spec (anchors.md §1.9: "driver library mounts;
+binaries nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control,
+nvidia-cuda-mps-server, nvidia-imex, nvidia-imex-ctl; GSP firmware"); Tandem does the same as
+read-only bind mounts.
+
+NVIDIA adds the soname links (`libcuda.so.1 -> libcuda.so.580.95.05`) with a `create-symlinks`
+hook and refreshes the linker cache with `update-ldcache`; Tandem ships no hook binary, so it
+bind-mounts every name instead: the real file at its own path and each link at the link's path
+(a bind mount of a link mounts the file it points to). The container's dynamic linker finds
+them in the distribution's default directories, the same ones they have in the driver root.
+
+The scan runs at start-up and on rediscovery, never on the prepare path. The driver root may be
+a driver container's root filesystem (`/run/nvidia/driver`), so links are resolved as if the root
+were `/` (an absolute target means a path inside the root) and a link that climbs out of the root
+is ignored: a file planted outside the driver root must never end up in a container.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+log = logging.getLogger(__name__)
+
+# Directories (relative to the driver root) where distributions install the driver's 64-bit
+# libraries; plain `usr/lib` is left out because RPM distributions keep 32-bit libraries there.
+LIBRARY_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "lib64",
+)
+BINARY_DIRS = ("usr/bin", "bin")
+FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
+
+# The compute and utility libraries of the driver (libnvidia-container's compute/utility sets);
+# graphics, video and OpenGL libraries are left out: Tandem hands out compute devices.
+LIBRARIES = (
+    "libcuda.so",
+    "libcudadebugger.so",
+    "libnvidia-allocator.so",
+    "libnvidia-cfg.so",
+    "libnvidia-gpucomp.so",
+    "libnvidia-ml.so",
+    "libnvidia-nvvm.so",
+    "libnvidia-opencl.so",
+    "libnvidia-pkcs11-openssl3.so",
+    "libnvidia-pkcs11.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-tls.so",
+)
+BINARIES = (
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+)
+
+_MAX_LINKS = 40  # the kernel's limit on symlinks followed in one lookup
+_LIBCUDA_VERSION = re.compile(r"^libcuda\.so\.(\d+\.\d+(?:\.\d+)?)$")
+
+
+@dataclass(frozen=True)
+class DriverFiles:
+    """What to bind-mount, as (host path, container path) pairs.
+
+    The host path is the resolved regular file (or directory) inside the driver root; the container
+    path is the name found, relative to the driver root and re-rooted at `/`.
+    """
+
+    libraries: tuple[tuple[str, str], ...] = ()
+    binaries: tuple[tuple[str, str], ...] = ()
+    firmware: tuple[tuple[str, str], ...] = ()
+    version: str = ""  # from the real libcuda file name; "" when no libcuda was found
+
+    @property
+    def mounts(self) -> tuple[tuple[str, str], ...]:
+        return self.libraries + self.binaries + self.firmware
+
+
+class _Escape(Exception):
+    """A path leaves the driver root or cannot be resolved inside it."""
+
+
+def resolve_in_root(root: Path, relative: PurePosixPath) -> Path:
+    """Resolve `relative` inside `root` as a chroot would, following links; raise `_Escape`.
+
+    Absolute link targets are taken relative to `root` (they name files of the root's own tree);
+    a `..` that would go above `root` is an escape, not clamped, because it means the tree was not
+    laid out by a driver installer.
+    """
+    parts = list(relative.parts)
+    resolved: list[str] = []
+    links = 0
+    while parts:
+        part = parts.pop(0)
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if not resolved:
+                raise _Escape(f"{relative} climbs out of the driver root")
+            resolved.pop()
+            continue
+        candidate = root.joinpath(*resolved, part)
+        try:
+            mode = os.lstat(candidate).st_mode
+        except OSError as e:
+            raise _Escape(f"{candidate}: {e.strerror}") from None
+        if not stat.S_ISLNK(mode):
+            resolved.append(part)
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise _Escape(f"{relative}: too many levels of symbolic links")
+        target = PurePosixPath(os.readlink(candidate))
+        if target.is_absolute():
+            resolved = []
+            target = target.relative_to("/")
+        parts = list(target.parts) + parts
+    return root.joinpath(*resolved)
+
+
+def _is_library_name(name: str) -> bool:
+    """`libcuda.so`, `libcuda.so.1` and `libcuda.so.580.95.05` are all names of one library."""
+    return any(name == lib or name.startswith(lib + ".") for lib in LIBRARIES)
+
+
+def _scan_dirs(root: Path, dirs: tuple[str, ...]) -> list[tuple[PurePosixPath, Path]]:
+    """(relative directory, resolved directory) for each existing directory, skipping aliases.
+
+    `lib64` is often a link to `usr/lib64`: scanning both would mount every file twice.
+    """
+    seen: set[Path] = set()
+    out = []
+    for rel in dirs:
+        try:
+            real = resolve_in_root(root, PurePosixPath(rel))
+        except _Escape as e:
+            if os.path.lexists(root / rel):
+                log.warning("ignoring driver directory %s: %s", root / rel, e)
+            continue
+        if real in seen or not real.is_dir():
+            continue
+        seen.add(real)
+        out.append((PurePosixPath(rel), real))
+    return out
+
+
+def _entry(root: Path, rel: PurePosixPath, want_dir: bool = False) -> tuple[str, str] | None:
+    try:
+        real = resolve_in_root(root, rel)
+        st = os.stat(real)
+    except (_Escape, OSError) as e:
+        log.warning("ignoring NVIDIA driver file %s: %s", root / rel, e)
+        return None
+    if (stat.S_ISDIR if want_dir else stat.S_ISREG)(st.st_mode):
+        return str(real), "/" + str(rel)
+    log.warning("ignoring NVIDIA driver file %s: not a %s", root / rel, "directory" if want_dir else "regular file")
+    return None
+
+
+def find_driver_files(driver_root: Path) -> DriverFiles:
+    """Scan `driver_root` (the host's `/` or a driver container's root) for the driver's files.
+
+    Unreadable or escaping entries are logged and skipped; a root without a driver yields an
+    empty `DriverFiles`, and the claim specs then carry only device nodes.
+    """
+    root = Path(os.path.abspath(driver_root))
+    libraries: list[tuple[str, str]] = []
+    version = ""
+    for rel_dir, real_dir in _scan_dirs(root, LIBRARY_DIRS):
+        try:
+            names = sorted(os.listdir(real_dir))
+        except OSError as e:
+            log.warning("cannot list %s: %s", real_dir, e)
+            continue
+        for name in names:
+            if not _is_library_name(name):
+                continue
+            found = _entry(root, rel_dir / name)
+            if found is None:
+                continue
+            libraries.append(found)
+            m = _LIBCUDA_VERSION.match(Path(found[0]).name)
+            if m and not version:
+                version = m.group(1)
+    binaries: list[tuple[str, str]] = []
+    for binary in BINARIES:
+        for rel_dir, _ in _scan_dirs(root, BINARY_DIRS):
+            found = _entry(root, rel_dir / binary) if os.path.lexists(root / rel_dir / binary) else None
+            if found is not None:
+                binaries.append(found)
+                break  # the first directory wins, as on $PATH
+    firmware: list[tuple[str, str]] = []
+    if version:
+        for rel_dir, _ in _scan_dirs(root, FIRMWARE_DIRS):
+            if os.path.lexists(root / rel_dir / version):
+                found = _entry(root, rel_dir / version, want_dir=True)
+                if found is not None:
+                    firmware.append(found)
+                    break
+    files = DriverFiles(tuple(libraries), tuple(binaries), tuple(firmware), version)
+    if not libraries:
+        log.warning("no NVIDIA driver libraries under %s: GPU containers get device nodes only", root)
+    else:
+        log.info(
+            "NVIDIA driver %s under %s: %d libraries, %d binaries, %d firmware directories",
+            version or "(unknown version)",
+            root,
+            len(libraries),
+            len(binaries),
+            len(firmware),
+        )
+    return files

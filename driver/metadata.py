@@ -1,0 +1,419 @@
+"""Device metadata files (the device "Downward API", KEP-5304), exactly as the Go kubeletplugin library writes them.
+
+Per prepared claim and request (kubelet-contract.md §4):
+
+* host file `<dataDir>/dra-device-metadata/<namespace>_<name>/<baseRequest>/metadata.json`
+  (directories 0755, file 0644): a JSON stream, one indented `DeviceMetadata` object per
+  supported version, newest first, each followed by a newline;
+* CDI spec `<cdiDir>/<driver>_metadata_<claimUID>_<baseRequest>.json` (0644, kind
+  `<driver>/metadata`, cdiVersion 0.5.0), one device `<claimUID>_<baseRequest>` that bind-mounts
+  the host file read-only at
+  `/var/run/kubernetes.io/dra-device-attributes/resourceclaims/<claimName>/<baseRequest>/<driver>-metadata.json`,
+  or `.../resourceclaimtemplates/<podClaimName>/...` for a claim made from a template;
+* its CDI ID `<driver>/metadata=<claimUID>_<baseRequest>` goes to the first response device of
+  that request (`assign_metadata_ids`).
+
+New files appear atomically (temporary file, fsync, rename). An update rewrites the host file in
+place instead, because containers bind-mount it by inode and would never see a renamed file.
+Every path built from claim data is checked to stay under its base directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import cdi
+from driver.fsutil import atomic_write, fsync_dir
+from driver.model import Device, attribute_to_api
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+KIND = "DeviceMetadata"
+METADATA_DIR = "dra-device-metadata"
+METADATA_FILE = "metadata.json"
+CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
+CDI_VERSION = "0.5.0"
+CDI_CLASS = "metadata"
+MOUNT_OPTIONS = ("ro", "bind")
+DIR_MODE = 0o755
+FILE_MODE = 0o644
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+class MetadataError(Exception):
+    """Metadata cannot be written or updated for this claim; the message names what and why."""
+
+
+@dataclass(frozen=True)
+class MetadataDevice:
+    request: str  # request reference as allocated (may be "req/sub")
+    pool: str
+    name: str
+    attributes: dict[str, dict]  # API JSON form, e.g. {"type": {"string": "gpu"}}
+    network_data: dict | None = None  # {"interfaceName":..., "ips": [...], "hardwareAddress": ...}
+
+
+def attributes_json(device: Device) -> dict[str, dict]:
+    """The device's attributes as the ResourceSlice publishes them, so a container reads the same values."""
+    return {k: attribute_to_api(v) for k, v in sorted(device.attributes.items())}
+
+
+def base_request(request: str) -> str:
+    return request.split("/", 1)[0]
+
+
+def assign_metadata_ids(request_names: Sequence[Sequence[str]], metadata_ids: Mapping[str, str]) -> list[list[str]]:
+    """Which metadata CDI IDs each response device gets, as the Go library decides it.
+
+    `request_names` holds each response device's (already stripped) request names, in response
+    order; `metadata_ids` maps base request -> CDI ID (`MetadataWriter.write`). Each ID goes to the
+    first device whose names contain its request; an ID whose request no device names is dropped.
+    """
+    out: list[list[str]] = [[] for _ in request_names]
+    for request, cdi_id in metadata_ids.items():
+        for i, names in enumerate(request_names):
+            if request in names:
+                out[i].append(cdi_id)
+                break
+    return out
+
+
+def _component(value: str, what: str) -> str:
+    """One path component from claim data: never empty, `.`/`..`, or containing `/` or NUL."""
+    if not value or value in (".", "..") or "/" in value or "\0" in value:
+        raise MetadataError(f"invalid {what} {value[:80]!r} for a metadata path")
+    return value
+
+
+def _dns_label(value: str, what: str) -> str:
+    if not _DNS_LABEL.fullmatch(value):
+        raise MetadataError(f"invalid {what} {value[:80]!r}: expected a DNS label")
+    return value
+
+
+def _under(base: Path, path: Path) -> Path:
+    """Defence in depth: `path` must lie strictly inside `base` after normalisation."""
+    norm_base = os.path.normpath(os.path.abspath(base))
+    norm = os.path.normpath(os.path.abspath(path))
+    if os.path.commonpath([norm_base, norm]) != norm_base or norm == norm_base:
+        raise MetadataError(f"metadata path {path} is outside {base}")
+    return Path(norm)
+
+
+def _device_json(driver: str, d: MetadataDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {"driver": driver, "pool": d.pool, "name": d.name}
+    if d.attributes:
+        out["attributes"] = d.attributes
+    if d.network_data is not None:
+        out["networkData"] = d.network_data
+    return out
+
+
+def _document(
+    driver: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    generation: int,
+    pod_claim_name: str,
+    request: str,
+    devices: Sequence[MetadataDevice],
+) -> dict[str, Any]:
+    """One `DeviceMetadata` object, keys in the Go encoder's order (TypeMeta is kind, apiVersion)."""
+    doc: dict[str, Any] = {
+        "kind": KIND,
+        "apiVersion": API_VERSION,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "generation": generation,
+            "creationTimestamp": None,
+        },
+    }
+    if pod_claim_name:
+        doc["podClaimName"] = pod_claim_name
+    req: dict[str, Any] = {"name": request}
+    if devices:
+        req["devices"] = [_device_json(driver, d) for d in devices]
+    doc["requests"] = [req]
+    return doc
+
+
+def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
+    """The stream: each version's object (newest first), indented, each followed by a newline."""
+    return "".join(json.dumps(doc, indent=2, ensure_ascii=False) + "\n" for doc in documents).encode()
+
+
+def decode_stream(data: bytes) -> dict[str, Any]:
+    """The first object of a version we know, by the consumer's rules (kubelet-contract.md §4.5)."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise MetadataError(f"metadata file is not UTF-8: {e}") from None
+    decoder = json.JSONDecoder()
+    pos, unknown = 0, []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError as e:
+            raise MetadataError(f"metadata file is not a JSON stream: {e}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("apiVersion"), str):
+            raise MetadataError("metadata object without apiVersion")
+        if obj["apiVersion"] != API_VERSION:
+            unknown.append(obj["apiVersion"])
+            continue
+        if obj.get("kind") != KIND:
+            raise MetadataError(f"metadata object of kind {obj.get('kind')!r}, expected {KIND}")
+        if not isinstance(obj.get("metadata"), dict) or not isinstance(obj.get("requests", []), list):
+            raise MetadataError("metadata object with a malformed metadata or requests field")
+        return obj
+    if unknown:
+        raise MetadataError(f"no compatible metadata version found (unknown versions: {', '.join(unknown)})")
+    raise MetadataError("no metadata objects found")
+
+
+class MetadataWriter:
+    """Writes, updates and removes the metadata files of prepared claims for one driver."""
+
+    def __init__(self, data_dir: Path, cdi_root: Path, driver_name: str) -> None:
+        self.root = Path(data_dir) / METADATA_DIR
+        self.cdi_root = Path(cdi_root)
+        self.driver = driver_name
+        cdi.validate_vendor_name(driver_name)  # the metadata kind is `<driver>/metadata`
+
+    # -- paths ------------------------------------------------------------------------------------
+
+    def claim_dir(self, namespace: str, name: str) -> Path:
+        dirname = f"{_component(namespace, 'namespace')}_{_component(name, 'claim name')}"
+        return _under(self.root, self.root / dirname)
+
+    def host_file(self, namespace: str, name: str, request: str) -> Path:
+        base = self.claim_dir(namespace, name)
+        return _under(base, base / _component(base_request(request), "request") / METADATA_FILE)
+
+    def container_path(self, name: str, pod_claim_name: str, request: str) -> str:
+        if pod_claim_name:
+            middle = f"resourceclaimtemplates/{_dns_label(pod_claim_name, 'pod claim name')}"
+        else:
+            middle = f"resourceclaims/{_component(name, 'claim name')}"
+        path = f"{CONTAINER_ROOT}/{middle}/{_component(base_request(request), 'request')}/{self.driver}-metadata.json"
+        if os.path.normpath(path) != path:
+            raise MetadataError(f"container path {path!r} is not normalised")
+        return path
+
+    def spec_filename(self, uid: str, request: str) -> str:
+        return (
+            f"{self.driver}_metadata_{_component(uid, 'claim UID')}_{_component(base_request(request), 'request')}.json"
+        )
+
+    def cdi_id(self, uid: str, request: str) -> str:
+        return cdi.qualified_name(self.driver, CDI_CLASS, f"{uid}_{base_request(request)}")
+
+    # -- prepare ----------------------------------------------------------------------------------
+
+    def write(
+        self, namespace: str, name: str, uid: str, pod_claim_name: str, devices: Sequence[MetadataDevice]
+    ) -> dict[str, str]:
+        """Write every request's files; return base request -> CDI ID. Devices without a request get none.
+
+        Idempotent: a file whose content is already what it would become is not touched (its
+        generation kept); a file with other content is rewritten in place with the next generation.
+        """
+        groups: dict[str, list[MetadataDevice]] = {}
+        for d in devices:
+            if d.request:
+                groups.setdefault(d.request, []).append(d)
+        by_base: dict[str, str] = {}
+        for request in groups:
+            base = _dns_label(base_request(request), "request name")
+            if base in by_base:
+                raise MetadataError(f"requests {by_base[base]!r} and {request!r} share the base request {base!r}")
+            by_base[base] = request
+        for request in by_base.values():  # every path checked before the first file is written
+            self.host_file(namespace, name, request)
+            self.container_path(name, pod_claim_name, request)
+            self.spec_filename(uid, request)
+        ids: dict[str, str] = {}
+        for base, request in by_base.items():
+            self._write_request(namespace, name, uid, pod_claim_name, request, groups[request])
+            self._write_spec(namespace, name, uid, pod_claim_name, request)
+            ids[base] = self.cdi_id(uid, request)
+        return ids
+
+    def _write_request(
+        self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str, devices: Sequence[MetadataDevice]
+    ) -> None:
+        path = self.host_file(namespace, name, request)
+        try:
+            existing = self._read(path)
+        except MetadataError as e:  # e.g. an in-place update torn by a crash: start over
+            log.warning("replacing unreadable device metadata: %s", e)
+            existing = None
+        if existing is not None and existing["metadata"].get("uid") == uid:
+            old_generation = existing["metadata"].get("generation")
+            old_generation = old_generation if isinstance(old_generation, int) else 0
+            same = _document(self.driver, namespace, name, uid, old_generation, pod_claim_name, request, devices)
+            if same == existing:
+                return
+            # Same claim, new content: containers may already hold the file, so keep its inode.
+            doc = _document(self.driver, namespace, name, uid, old_generation + 1, pod_claim_name, request, devices)
+            _rewrite_in_place(path, encode_stream([doc]))
+            return
+        # A new file, or one left by an earlier claim of the same name: a fresh inode.
+        self._mkdirs(path.parent)
+        atomic_write(
+            path,
+            encode_stream([_document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)]),
+            FILE_MODE,
+        )
+
+    def _write_spec(self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str) -> None:
+        base = base_request(request)
+        mount = cdi.Mount(
+            host_path=str(self.host_file(namespace, name, request)),
+            container_path=self.container_path(name, pod_claim_name, request),
+            options=MOUNT_OPTIONS,
+        )
+        spec = cdi.make_spec(
+            f"{self.driver}/{CDI_CLASS}",
+            [cdi.Device(name=f"{uid}_{base}", container_edits=cdi.ContainerEdits(mounts=(mount,)))],
+            cdi_version=CDI_VERSION,
+        )
+        filename = self.spec_filename(uid, request)
+        target = _under(self.cdi_root, self.cdi_root / filename)
+        with contextlib.suppress(OSError):
+            if target.read_bytes() == spec.to_json().encode():
+                return
+        cdi.write_spec(self.cdi_root, spec, filename)
+
+    # -- update -----------------------------------------------------------------------------------
+
+    def update(self, namespace: str, name: str, uid: str, request: str, devices: Sequence[MetadataDevice]) -> None:
+        """Replace the devices of one prepared request (e.g. once IPs are known), in place.
+
+        Keeps `podClaimName` and the request reference, bumps the generation. A request that was
+        never prepared (no file), or a file of another claim with the same name, is an error.
+        """
+        path = self.host_file(namespace, name, request)
+        existing = self._read(path)
+        if existing is None:
+            raise MetadataError(f"request {request!r} not found in prepared claim {namespace}/{name}")
+        meta = existing["metadata"]
+        if meta.get("uid") != uid:
+            raise MetadataError(f"metadata of {namespace}/{name} belongs to claim UID {meta.get('uid')!r}, not {uid!r}")
+        generation = meta.get("generation")
+        generation = generation if isinstance(generation, int) else 0
+        pod_claim_name = existing.get("podClaimName") or ""
+        requests = existing.get("requests") or [{}]
+        old_ref = requests[0].get("name") if isinstance(requests[0], dict) else None
+        ref = request if "/" in request or not isinstance(old_ref, str) else old_ref
+        doc = _document(self.driver, namespace, name, uid, generation + 1, str(pod_claim_name), ref, devices)
+        _rewrite_in_place(path, encode_stream([doc]))
+
+    # -- unprepare and reconciliation ----------------------------------------------------------
+
+    def remove(self, namespace: str, name: str, uid: str) -> None:
+        """Remove the claim's host files and every metadata CDI spec of its UID; missing is fine."""
+        self.remove_claim_dir(namespace, name)
+        self.remove_specs(uid)
+
+    def remove_claim_dir(self, namespace: str, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(self.claim_dir(namespace, name))
+            fsync_dir(self.root)
+
+    def remove_specs(self, uid: str) -> None:
+        prefix = f"{self.driver}_metadata_{_component(uid, 'claim UID')}_"
+        for path in self._spec_files():
+            if path.name.startswith(prefix):
+                cdi.remove_spec(self.cdi_root, path.name)
+
+    def owned_claims(self) -> set[tuple[str, str]]:
+        """(namespace, name) of every claim with a metadata directory: namespaces hold no `_`."""
+        try:
+            entries = list(self.root.iterdir())
+        except FileNotFoundError:
+            return set()
+        out = set()
+        for entry in entries:
+            namespace, sep, name = entry.name.partition("_")
+            if sep and namespace and name and entry.is_dir():
+                out.add((namespace, name))
+        return out
+
+    def owned_spec_uids(self) -> set[str]:
+        """Claim UIDs with at least one metadata CDI spec (UIDs and request names hold no `_`)."""
+        prefix = f"{self.driver}_metadata_"
+        out = set()
+        for path in self._spec_files():
+            uid, sep, _ = path.name[len(prefix) :].partition("_")
+            if sep and uid:
+                out.add(uid)
+        return out
+
+    def _spec_files(self) -> list[Path]:
+        prefix = f"{self.driver}_metadata_"
+        try:
+            return sorted(p for p in self.cdi_root.iterdir() if p.name.startswith(prefix) and p.name.endswith(".json"))
+        except FileNotFoundError:
+            return []
+
+    # -- files ----------------------------------------------------------------------------------
+
+    def _mkdirs(self, directory: Path) -> None:
+        """Create missing directories with mode 0755 whatever the umask (Go's MkdirAll + chmod)."""
+        missing = []
+        d = directory
+        while not d.exists():
+            missing.append(d)
+            d = d.parent
+        for d in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                d.mkdir()
+            os.chmod(d, DIR_MODE)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, Any] | None:
+        """The first known object of the file (its `metadata` is an object); None when missing."""
+        try:
+            with open(path, "rb") as f:
+                data = f.read(MAX_FILE_BYTES + 1)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            raise MetadataError(f"cannot read {path}: {e}") from None
+        if len(data) > MAX_FILE_BYTES:
+            raise MetadataError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
+        try:
+            return decode_stream(data)
+        except MetadataError as e:
+            raise MetadataError(f"{path}: {e}") from None
+
+
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """Truncate and write the same inode: running containers bind-mounted it and keep seeing it."""
+    fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
