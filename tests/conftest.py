@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from driver.sim.apiserver import SimApiServer
 
 from driver.demo import DRIVER, SimNode, stop_daemon
+from driver.sim.apiserver import SimApiServer
 from driver.sim.kubelet import KubeletSim
 from driver.sim.profile import NodeProfile, h100_node
 
