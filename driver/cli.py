@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from driver.config import Config, ConfigError, parse_device_kinds
+from driver.config import Config, ConfigError, parse_device_kinds, parse_xids
+from driver.health import parse_taint_effects
 
 EXIT_USAGE = 2
 
@@ -76,6 +77,30 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     )
     add("--metrics-address", default=_env("METRICS_ADDRESS", ""), help="HOST:PORT for Prometheus metrics")
     add(
+        "--ignored-xids",
+        default=_env("IGNORED_XIDS", ""),
+        help="XIDs to treat as application errors, besides 13,31,43,45,68,109 (IGNORED_XIDS)",
+    )
+    add(
+        "--taint-effect",
+        action="append",
+        default=[t for t in _env("TAINT_EFFECTS", "").split(",") if t],
+        metavar="KEY=EFFECT",
+        help="override a health taint's effect, e.g. tandem.dev/xid=NoExecute; repeatable (TAINT_EFFECTS)",
+    )
+    add(
+        "--health-quiet-period",
+        type=float,
+        default=float(_env("HEALTH_QUIET_PERIOD", "600")),
+        help="seconds without a new XID/ECC event before its taint clears (HEALTH_QUIET_PERIOD)",
+    )
+    add(
+        "--link-debounce",
+        type=float,
+        default=float(_env("LINK_DEBOUNCE", "2")),
+        help="seconds a NIC link must stay down (or up) before its taint changes (LINK_DEBOUNCE)",
+    )
+    add(
         "--nic-link-source",
         choices=("netlink", "sysfs"),
         default=_env("NIC_LINK_SOURCE", "netlink"),
@@ -90,7 +115,7 @@ def _add_log_flags(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(ns: argparse.Namespace) -> Config:
-    return Config(
+    config = Config(
         node_name=ns.node_name,
         driver_name=ns.driver_name,
         kubeconfig=ns.kubeconfig or None,
@@ -106,7 +131,16 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         rediscover_period=ns.rediscover_period,
         metrics_address=ns.metrics_address,
         nic_link_source=ns.nic_link_source,
+        ignored_xids=parse_xids(ns.ignored_xids),
+        taint_effects=tuple(ns.taint_effect),
+        health_quiet_period=ns.health_quiet_period,
+        link_debounce=ns.link_debounce,
     ).validate()
+    try:
+        parse_taint_effects(config.taint_effects, config.driver_name)
+    except ValueError as e:
+        raise ConfigError(f"--taint-effect: {e}") from e
+    return config
 
 
 def driver_parser() -> argparse.ArgumentParser:

@@ -57,6 +57,12 @@ class Config:
     # Where NIC link facts come from: netlink (real nodes) or sysfs alone (the simulated node,
     # whose NICs exist only as sysfs trees and have no netdevs the kernel knows).
     nic_link_source: str = "netlink"
+    # Health policy: XIDs that are the application's fault, per-key taint effects (KEY=EFFECT),
+    # how long a transient GPU condition must stay quiet before its taint clears, link debounce.
+    ignored_xids: frozenset[int] = frozenset()
+    taint_effects: tuple[str, ...] = ()
+    health_quiet_period: float = 600.0
+    link_debounce: float = 2.0
 
     @property
     def data_dir(self) -> Path:
@@ -89,6 +95,8 @@ class Config:
             raise ConfigError("--device-kinds must name at least one of: gpu, nic")
         if self.rediscover_period <= 0:
             raise ConfigError("--rediscover-period must be positive")
+        if self.health_quiet_period <= 0 or self.link_debounce < 0:
+            raise ConfigError("--health-quiet-period must be positive and --link-debounce not negative")
         if self.nic_link_source not in ("netlink", "sysfs"):
             raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
         if self.metrics_address and not _LISTEN.match(self.metrics_address):
@@ -106,3 +114,15 @@ def parse_device_kinds(text: str) -> frozenset[DeviceKind]:
             raise ConfigError(f"--device-kinds: unknown kind {part!r} (expected gpu, nic)")
         kinds.add(DeviceKind(part))
     return frozenset(kinds)
+
+
+def parse_xids(text: str) -> frozenset[int]:
+    """`13,31,43` -> {13, 31, 43}."""
+    out = set()
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        if not part.isdigit() or not 0 < int(part) < 1000:
+            raise ConfigError(f"--ignored-xids: {part!r} is not an XID number")
+        out.add(int(part))
+    return frozenset(out)

@@ -1,47 +1,199 @@
-"""`tandemctl`: the node-level CLI for SREs.
+"""`tandemctl`: the node-level CLI for SREs, a thin client of the daemon's status socket.
 
-It reads what the daemon recorded in its data directory (the prepared-claims checkpoint); it
-never rediscovers devices on its own, so what it shows is what the daemon acts on.
+It never rediscovers devices or reads the daemon's files on its own, so what it shows is what
+the daemon acts on. Exit codes make it usable as a probe (node-problem-detector, scripts):
+0 ok/healthy, 1 degraded or a refused request, 2 daemon unreachable. Expected failures are one
+line on stderr, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
+import os
+import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from driver.checkpoint import Checkpoint
-from driver.fsutil import boot_id
+from driver.status_socket import status_socket_path
 
+EXIT_OK = 0
+EXIT_DEGRADED = 1  # also: the daemon refused the request
 EXIT_UNREACHABLE = 2
 
 
+class Unreachable(Exception):
+    """No usable answer from the daemon: no socket, refused, timed out, or not our protocol."""
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    def __init__(self, path: Path, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(str(self._path))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def request(sock: Path, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, Any]:
+    """One request to the status socket: (HTTP status, decoded JSON)."""
+    conn = _UnixConnection(sock, timeout)
+    try:
+        data = json.dumps(body).encode() if body is not None else None
+        headers = {"Content-Type": "application/json"} if data is not None else {}
+        conn.request(method, path, body=data, headers=headers)
+        resp = conn.getresponse()
+        raw = resp.read()
+    except FileNotFoundError as e:
+        raise Unreachable(f"no daemon socket at {sock} (is the driver running on this node?)") from e
+    except PermissionError as e:
+        raise Unreachable(f"permission denied on {sock} (run as root)") from e
+    except TimeoutError as e:
+        raise Unreachable(f"no answer from {sock} within {timeout:g}s") from e
+    except (OSError, http.client.HTTPException) as e:
+        raise Unreachable(f"cannot talk to the daemon at {sock}: {e}") from e
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(raw)
+    except ValueError as e:
+        raise Unreachable(f"the daemon at {sock} answered with something that is not JSON") from e
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def _text(value: Any) -> str:
+    if value is None or value == "" or value == []:
+        return "-"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _taint(t: dict[str, Any]) -> str:
+    value = f"={t['value']}" if t.get("value") else ""
+    return f"{t.get('key', '?')}{value}:{t.get('effect', '?')}"
+
+
+def render_devices(doc: dict[str, Any]) -> str:
+    rows = [["DEVICE", "KIND", "MODEL/IFACE", "NUMA", "PCIE-ROOT", "HEALTH", "TAINTS", "CLAIM"]]
+    for d in doc.get("devices", []):
+        rows.append([
+            _text(d.get("name")), _text(d.get("kind")), _text(d.get("model")), _text(d.get("numaNode")),
+            _text(d.get("pcieRoot")), _text(d.get("health")), _text([_taint(t) for t in d.get("taints", [])]),
+            _text(d.get("claims")),
+        ])  # fmt: skip
+    return _table(rows)
+
+
+def render_claims(doc: dict[str, Any]) -> str:
+    rows = [["CLAIM", "UID", "STATE", "DEVICES"]]
+    for c in doc.get("claims", []):
+        devices = [d.get("device", "?") for d in c.get("devices", [])]
+        rows.append(
+            [f"{c.get('namespace')}/{c.get('name')}", _text(c.get("uid")), _text(c.get("state")), _text(devices)]
+        )
+    return _table(rows)
+
+
+def render_health(doc: dict[str, Any]) -> str:
+    lines = [str(doc.get("status", "unknown"))]
+    lines += [f"  - {r}" for r in doc.get("reasons", [])]
+    counts = doc.get("devices", {})
+    by_health = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
+    lines.append(f"devices: {counts.get('total', 0)} ({by_health})")
+    if doc.get("unhealthy"):
+        lines.append("not healthy:")
+        lines += [f"  {u.get('device')}: {u.get('reason') or '-'}" for u in doc["unhealthy"]]
+    if doc.get("cordoned"):
+        lines.append("cordoned:")
+        for c in doc["cordoned"]:
+            absent = "" if c.get("present", True) else " (device absent)"
+            by = f" by {c['by']}" if c.get("by") else ""
+            lines.append(f"  {c.get('device')}{absent}{by} since {c.get('since')}: {c.get('reason')}")
+    daemon = {k: v for k, v in doc.get("daemon", {}).items() if k != "problems"}
+    if daemon:
+        lines.append("daemon:")
+        lines += [f"  {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in daemon.items()]
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tandemctl", description="Inspect the Tandem DRA driver on this node")
-    p.add_argument("--driver-name", default="tandem.dev")
-    p.add_argument("--kubelet-plugins-dir", default="/var/lib/kubelet/plugins")
+    env = os.environ.get
+    p = argparse.ArgumentParser(
+        prog="tandemctl",
+        description="Inspect and cordon the Tandem DRA driver's devices on this node (asks the running daemon)",
+        epilog="exit codes: 0 ok/healthy, 1 degraded or request refused, 2 daemon unreachable",
+    )
+    p.add_argument("--driver-name", default=env("DRIVER_NAME", "tandem.dev"), help="(DRIVER_NAME)")
+    p.add_argument(
+        "--kubelet-plugins-dir",
+        default=env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
+        help="parent of the daemon's data dir (KUBELET_PLUGINS_DIRECTORY_PATH)",
+    )
+    p.add_argument("--socket", type=Path, help="status socket path (default <plugins dir>/<driver name>/status.sock)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
     sub = p.add_subparsers(dest="command", required=True)
-    claims = sub.add_parser("claims", help="claims prepared on this node and their devices")
-    claims.add_argument("--json", action="store_true", help="machine-readable output")
+    for name, text in (
+        ("devices", "the node's devices: topology, health, taints, claims"),
+        ("health", "health summary (exit 0 healthy, 1 degraded, 2 unreachable)"),
+        ("claims", "claims prepared on this node and their devices"),
+    ):
+        sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="machine-readable output")
+    cordon = sub.add_parser("cordon", help="take one device out of scheduling (survives restarts)")
+    cordon.add_argument("device")
+    cordon.add_argument("--reason", required=True, help="why, for whoever looks next (at most 256 characters)")
+    cordon.add_argument("--by", default=env("SUDO_USER") or env("USER") or "", help="who (default $SUDO_USER or $USER)")
+    uncordon = sub.add_parser("uncordon", help="return a cordoned device to scheduling")
+    uncordon.add_argument("device")
     return p
+
+
+_RENDER = {"devices": render_devices, "claims": render_claims, "health": render_health}
+
+
+def _run(ns: argparse.Namespace, sock: Path) -> int:
+    if ns.command in _RENDER:
+        status, doc = request(sock, "GET", f"/{ns.command}", None, ns.timeout)
+    elif ns.command == "cordon":
+        body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
+        status, doc = request(sock, "POST", "/cordon", body, ns.timeout)
+    else:
+        status, doc = request(sock, "POST", "/uncordon", {"device": ns.device}, ns.timeout)
+    if not isinstance(doc, dict):
+        raise Unreachable(f"the daemon at {sock} answered with an unexpected document")
+    if status != 200:
+        print(f"tandemctl: {doc.get('error', f'request failed with HTTP {status}')}", file=sys.stderr)
+        return EXIT_DEGRADED
+    if ns.command in _RENDER:
+        print(json.dumps(doc, indent=2) if ns.json else _RENDER[ns.command](doc))
+        if ns.command == "health" and doc.get("status") != "healthy":
+            return EXIT_DEGRADED
+    elif ns.command == "cordon":
+        print(f"{ns.device} cordoned: {doc.get('cordon', {}).get('reason', '')}")
+    else:
+        print(f"{ns.device} uncordoned" if doc.get("changed") else f"{ns.device} was not cordoned")
+    return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     ns = _parser().parse_args(argv)
-    data_dir = Path(ns.kubelet_plugins_dir) / ns.driver_name
-    if not data_dir.is_dir():
-        print(f"tandemctl: no driver data directory at {data_dir}", file=sys.stderr)
+    sock = ns.socket or status_socket_path(Path(ns.kubelet_plugins_dir) / ns.driver_name)
+    try:
+        return _run(ns, sock)
+    except Unreachable as e:
+        print(f"tandemctl: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE
-    claims = Checkpoint(data_dir, boot_id()).read()
-    if ns.json:
-        print(json.dumps({uid: c.to_json() for uid, c in sorted(claims.items())}, indent=2))
-        return 0
-    rows = [("CLAIM", "UID", "STATE", "DEVICES")]
-    for uid, c in sorted(claims.items(), key=lambda kv: (kv[1].namespace, kv[1].name)):
-        rows.append((f"{c.namespace}/{c.name}", uid, c.state, ",".join(d.device for d in c.devices) or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)).rstrip())
-    return 0

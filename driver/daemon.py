@@ -17,6 +17,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import grpc
 
@@ -26,9 +27,15 @@ from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
 from driver.discovery.nic import NicDiscovery, NicWatcher
 from driver.discovery.nvidia_files import find_driver_files
 from driver.fsutil import boot_id
+from driver.health import effects_for, parse_taint_effects
+from driver.health.cordon import CordonStore
+from driver.health.gpu import GpuHealthMonitor
+from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
 from driver.kubeapi import KubeAPI
 from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from driver.kubelet.health import HealthBroadcaster, add_health_services
 from driver.kubelet.registration import (
     RegistrationServicer,
     check_socket_path,
@@ -37,10 +44,12 @@ from driver.kubelet.registration import (
 )
 from driver.kubelet.service import add_dra_services
 from driver.metadata import MetadataWriter
+from driver.metrics import Metrics, MetricsServer
 from driver.model import DeviceKind
 from driver.prepare import Preparer, PrepareSettings
 from driver.refresh import RefreshLoop, SourceUnavailable
 from driver.slices import SlicePublisher
+from driver.status_socket import StatusServer, status_socket_path
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +107,20 @@ class Daemon:
             get_devices=self.inventory.devices,
         )
         self.inventory.subscribe(self.publisher.trigger)
+        self.health = HealthBroadcaster(self.inventory, config.node_name)
+        self.monitors = self._build_monitors()
+        self.metrics = Metrics(
+            self.inventory, publisher_stats=lambda: self.publisher.stats, health_counters=self._health_counters
+        )
+        self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
+        self.status = StatusServer(
+            status_socket_path(self.data_dir),
+            self.inventory,
+            prepared=self.checkpoint.read,
+            cordons=self.cordons,
+            info=self._status_info,
+        )
+        self._metrics_server: MetricsServer | None = None
         self._nic_watcher: NicWatcher | None = None
         self.sources: list[RefreshLoop] = self._build_sources()
         self._dra_server: grpc.Server | None = None
@@ -139,6 +162,43 @@ class Daemon:
             self._nic_watcher = NicWatcher(loop.trigger, resync_period=cfg.rediscover_period, netlink=use_netlink)
         return sources
 
+    def _build_monitors(self) -> list[GpuHealthMonitor | NicHealthMonitor]:
+        cfg = self.config
+        effects = parse_taint_effects(cfg.taint_effects, cfg.driver_name)
+        monitors: list[GpuHealthMonitor | NicHealthMonitor] = []
+        if DeviceKind.GPU in cfg.device_kinds:
+            policy = GpuHealthPolicy(
+                domain=cfg.driver_name,
+                ignored_xids=cfg.ignored_xids,
+                effects=effects_for(effects, "gpu", cfg.driver_name),
+                xid_quiet_period=cfg.health_quiet_period,
+                ecc_quiet_period=cfg.health_quiet_period,
+            )
+            monitors.append(GpuHealthMonitor(self.inventory, policy, driver_root=cfg.nvidia_driver_root))
+        if DeviceKind.NIC in cfg.device_kinds:
+            monitors.append(
+                NicHealthMonitor(
+                    self.inventory,
+                    sysfs_root=cfg.sysfs_root,
+                    domain=cfg.driver_name,
+                    netlink=cfg.nic_link_source == "netlink",
+                    debounce=cfg.link_debounce,
+                    effects=effects_for(effects, "nic", cfg.driver_name),
+                )
+            )
+        return monitors
+
+    def _health_counters(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for m in self.monitors:
+            if isinstance(m, GpuHealthMonitor):
+                c = m.counters()
+                out.update({f"nvml_{k}": v for k, v in c.events.items()})
+                out.update({"nvml_probes": c.probes, "nvml_errors": c.errors, "nvml_single_bit_ecc": c.single_bit_ecc})
+            else:
+                out.update({f"nic_{k}": v for k, v in m.counters().items()})
+        return out
+
     def _allocated_nics(self) -> set[str]:
         """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""
         prepared = {d.device for c in self.checkpoint.read().values() for d in c.devices}
@@ -149,10 +209,39 @@ class Daemon:
                 out.add(dev.nic.pci_address)
         return out
 
+    def _status_info(self) -> dict[str, Any]:
+        """What `tandemctl health` shows about the daemon; entries in `problems` mean degraded."""
+        problems = []
+        reg = self.registration.state if self.registration else None
+        if reg is None or not reg.registered:
+            problems.append(
+                "the kubelet has not confirmed the registration" + (f": {reg.error}" if reg and reg.error else "")
+            )
+        for source in self.sources:
+            if source.last_error:
+                problems.append(f"{source.name} discovery unavailable: {source.last_error}")
+        stats = self.publisher.stats
+        return {
+            "node": self.config.node_name,
+            "driver": self.config.driver_name,
+            "instance": self.instance.instance_id,
+            "registered": bool(reg and reg.registered),
+            "slices": {"syncs": stats.syncs, "writes": stats.writes, "errors": stats.errors},
+            "problems": problems,
+        }
+
     def start(self) -> None:
         cfg = self.config
         cfg.registrar_dir.mkdir(parents=True, exist_ok=True)
         cfg.cdi_root.mkdir(parents=True, exist_ok=True)
+        # Cordons first: the first published slice already carries them.
+        self.cordons.load()
+        self.status.start()
+        if cfg.metrics_address:
+            try:
+                self._metrics_server = self.metrics.serve(cfg.metrics_address)
+            except OSError as e:  # e.g. the other instance of a rolling update holds the port
+                log.warning("metrics not served on %s: %s", cfg.metrics_address, e)
         for source in self.sources:
             source.start()
         if self._nic_watcher is not None:
@@ -162,9 +251,12 @@ class Daemon:
         # Discovery first: reconciliation must not mistake a kept NIC for a vanished one.
         for source in self.sources:
             source.wait_first_run(timeout=30)
+        for monitor in self.monitors:
+            monitor.start()
         self.preparer.reconcile()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
-        services = add_dra_services(self._dra_server, self.preparer)
+        services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)
+        services += add_health_services(self._dra_server, self.health)
         _serve_unix(self._dra_server, self.dra_socket)
         self._dra_server.start()
         log.info("serving %s on %s", ", ".join(services), self.dra_socket)
@@ -178,10 +270,12 @@ class Daemon:
 
     def stop(self) -> None:
         """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
+        self.status.stop()
         if self._reg_server is not None:
             self._reg_server.stop(grace=1).wait()
         with contextlib.suppress(FileNotFoundError):
             self.reg_socket.unlink()
+        self.health.close()  # open health streams end now instead of holding the grace period
         if self._dra_server is not None:
             self._dra_server.stop(grace=SHUTDOWN_GRACE).wait()
         with contextlib.suppress(FileNotFoundError):
@@ -189,9 +283,13 @@ class Daemon:
         self.preparer.close()
         if self._nic_watcher is not None:
             self._nic_watcher.stop()
+        for monitor in self.monitors:
+            monitor.stop()
         for source in self.sources:
             source.stop()
         self.publisher.stop()  # slices stay: a restart must not cause scheduling churn
+        if self._metrics_server is not None:
+            self._metrics_server.stop()
         self.instance.release()
         log.info("stopped")
 

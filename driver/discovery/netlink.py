@@ -13,13 +13,14 @@ import errno
 import ipaddress
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
 ARPHRD_LOOPBACK = 772
 IFF_LOOPBACK = 0x8
@@ -213,3 +214,93 @@ def count_messages(datagram: bytes) -> int:
         count += 1
         offset += (length + 3) & ~3
     return count
+
+
+# Link-state reading for health monitoring: whether a netdev can carry traffic, not what it is.
+
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+
+
+@dataclass(frozen=True)
+class LinkState:
+    """Whether a netdev can pass traffic right now, as one RTM_NEWLINK message says it."""
+
+    index: int
+    name: str
+    operstate: str  # lower case, as sysfs spells it: "up", "down", "lowerlayerdown", "unknown", ...
+    admin_up: bool  # IFF_UP: someone ran `ip link set up`
+    carrier: bool  # IFLA_CARRIER (IFF_LOWER_UP when the kernel leaves it out)
+
+
+@dataclass(frozen=True)
+class LinkEvent:
+    """One link message from the event socket; `deleted` when the link left this namespace."""
+
+    state: LinkState
+    deleted: bool = False
+
+
+def _link_state(m: Any) -> LinkState:
+    flags = int(m.get("flags") or 0)
+    carrier = m.get("carrier")
+    return LinkState(
+        index=int(m.get("index")),
+        name=m.get("ifname") or "",
+        operstate=str(m.get("operstate") or "unknown").lower(),
+        admin_up=bool(flags & IFF_UP),
+        carrier=bool(flags & IFF_LOWER_UP) if carrier is None else bool(carrier),
+    )
+
+
+def read_link_states(
+    names: Iterable[str], netns: str | None = None, indexes: Mapping[str, int] | None = None
+) -> dict[str, LinkState]:
+    """The link state of each named netdev of `netns` that exists there, keyed by the name asked
+    for. A name with a known ifindex in `indexes` is looked up by that index first, so a netdev
+    renamed since its name was learnt is still found; by name when the index is gone. One
+    short-lived `IPRoute`, one request per link (see `read_links` for why not a dump)."""
+    ipr = IPRoute(netns=netns, flags=0, strict_check=True) if netns else IPRoute(strict_check=True)
+    out: dict[str, LinkState] = {}
+
+    def get(**key: Any) -> LinkState | None:
+        try:
+            return _link_state(ipr.link("get", **key)[0])
+        except NetlinkError as e:
+            if e.code != errno.ENODEV:
+                raise
+            return None
+
+    try:
+        for name in names:
+            index = (indexes or {}).get(name, 0)
+            state = (get(index=index) if index else None) or get(ifname=name)
+            if state is not None:
+                out[name] = state
+    finally:
+        ipr.close()
+    return out
+
+
+def parse_link_events(datagram: bytes) -> list[LinkEvent]:
+    """The RTM_NEWLINK/RTM_DELLINK messages of one datagram from `open_event_socket`; other
+    messages (addresses) are skipped, and so is a message too short or malformed to decode."""
+    events: list[LinkEvent] = []
+    offset = 0
+    while offset + _NLMSG_HEADER.size <= len(datagram):
+        length, kind = _NLMSG_HEADER.unpack_from(datagram, offset)[:2]
+        if length < _NLMSG_HEADER.size or offset + length > len(datagram):
+            break
+        if kind in (RTM_NEWLINK, RTM_DELLINK):
+            msg = ifinfmsg(datagram[offset : offset + length])
+            try:
+                msg.decode()
+                state = _link_state(msg)
+            except Exception:  # pyroute2 raises assorted errors on a truncated attribute
+                state = None
+            if state is not None:
+                events.append(LinkEvent(state, deleted=kind == RTM_DELLINK))
+        offset += (length + 3) & ~3
+    return events

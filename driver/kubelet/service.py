@@ -7,6 +7,8 @@ the two servicers is which generated module builds the response.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from types import ModuleType
 
 import grpc
@@ -27,16 +29,28 @@ def _refs(request: object) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]  # type: ignore[attr-defined]
 
 
+# observe(op, seconds, claims, errors): feeds the prepare/unprepare metrics.
+Observe = Callable[[str, float, int, int], None]
+
+
+def _ignore(op: str, seconds: float, claims: int, errors: int) -> None:
+    return None
+
+
 class _DRAPluginBase:
     pb2: ModuleType
     with_share_id: bool
 
-    def __init__(self, preparer: Preparer) -> None:
+    def __init__(self, preparer: Preparer, observe: Observe = _ignore) -> None:
         self._preparer = preparer
+        self._observe = observe
 
     def NodePrepareResources(self, request, context: grpc.ServicerContext):
         refs = _refs(request)
+        t0 = time.monotonic()
         results = self._preparer.prepare(refs)
+        errors = sum(1 for r in results.values() if r.error)
+        self._observe("prepare", time.monotonic() - t0, len(refs), errors)
         resp = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = resp.claims[uid]
@@ -55,7 +69,10 @@ class _DRAPluginBase:
         return resp
 
     def NodeUnprepareResources(self, request, context: grpc.ServicerContext):
-        errors = self._preparer.unprepare(_refs(request))
+        refs = _refs(request)
+        t0 = time.monotonic()
+        errors = self._preparer.unprepare(refs)
+        self._observe("unprepare", time.monotonic() - t0, len(refs), sum(1 for e in errors.values() if e))
         resp = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             resp.claims[uid].error = error
@@ -72,8 +89,8 @@ class DRAPluginV1beta1(_DRAPluginBase, v1beta1_grpc.DRAPluginServicer):
     with_share_id = False
 
 
-def add_dra_services(server: grpc.Server, preparer: Preparer) -> list[str]:
+def add_dra_services(server: grpc.Server, preparer: Preparer, observe: Observe = _ignore) -> list[str]:
     """Registers both DRAPlugin versions; returns the strings GetInfo must advertise for them."""
-    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer), server)
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer, observe), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer, observe), server)
     return list(DRA_SERVICES)

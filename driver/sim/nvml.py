@@ -51,12 +51,21 @@ def events_path(state_path: Path) -> Path:
     return state_path.with_name(state_path.name + ".events")
 
 
-def append_event(state_path: Path, uuid: str, event_type: int, event_data: int = 0) -> None:
+def append_event(
+    state_path: Path, uuid: str, event_type: int, event_data: int = 0, *, gi: int | None = None, ci: int | None = None
+) -> None:
     """Raise an NVML event (e.g. nvmlEventTypeXidCriticalError with the XID as data) on a GPU.
 
+    `uuid` is the full GPU's; `gi`/`ci` name the GPU and compute instance of a MIG device the
+    event is attributed to (left out, the event carries NVML's 0xFFFFFFFF "no instance").
     One `write` of one whole line, so a reader polling the file never sees half an event.
     """
-    line = json.dumps({"uuid": uuid, "event_type": event_type, "event_data": event_data}) + "\n"
+    event: dict[str, int | str] = {"uuid": uuid, "event_type": event_type, "event_data": event_data}
+    if gi is not None:
+        event["gi"] = gi
+    if ci is not None:
+        event["ci"] = ci
+    line = json.dumps(event) + "\n"
     fd = os.open(events_path(state_path), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line.encode())

@@ -67,6 +67,21 @@ class GpuSpec:
     # keyed by the pynvml function name, e.g. {"nvmlDeviceGetUUID": 3}.
     nvml_errors: dict[str, int] = field(default_factory=dict)
     lost: bool = False  # fallen off the bus: every call raises NVML_ERROR_GPU_IS_LOST
+    # Memory health as NVML reports it. The fake adds every ECC event raised on the GPU to the
+    # matching ECC counter (nvmlDeviceGetTotalEccErrors), as the driver counts what it reports.
+    ecc_enabled: bool = True
+    ecc_corrected_volatile: int = 0
+    ecc_uncorrected_volatile: int = 0
+    ecc_corrected_aggregate: int = 0
+    ecc_uncorrected_aggregate: int = 0
+    # nvmlDeviceGetRemappedRows (Ampere and later): rows remapped, a remap waiting for a GPU reset,
+    # a remap that failed (the GPU needs service).
+    remapped_rows_correctable: int = 0
+    remapped_rows_uncorrectable: int = 0
+    remapped_rows_pending: bool = False
+    remapped_rows_failure: bool = False
+    # nvmlDeviceGetRetiredPagesPendingStatus (before Ampere): a page retirement waits for a reset.
+    retired_pages_pending: bool = False
 
 
 @dataclass

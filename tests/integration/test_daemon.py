@@ -39,13 +39,13 @@ def _listening(path: Path) -> bool:
         return True
 
 
-def _registered(kubelet: KubeletSim, timeout: float = 30):
+def _registered(kubelet: KubeletSim, timeout: float = 60):
     sock = kubelet.wait_for_registration_socket(DRIVER, timeout=timeout)
     return sock, kubelet.register(sock)
 
 
 def _wait_published(apiserver, node, count: int) -> list[dict]:
-    ok = apiserver.wait_for(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) >= count, 30)
+    ok = apiserver.wait_for(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) >= count, 60)
     devices = published_devices(apiserver, DRIVER, node.profile.name)
     assert ok, f"only {len(devices)} of {count} devices published"
     return devices

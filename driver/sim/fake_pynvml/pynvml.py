@@ -24,7 +24,13 @@ call on the GPU raise `NVML_ERROR_GPU_IS_LOST`.
 Events: `<state file>.events` holds one JSON object per line
 (`{"uuid": ..., "event_type": ..., "event_data": ..., "gi": ..., "ci": ...}`), appended by
 `driver.sim.nvml.append_event`. An event set sees the lines appended after its creation for the
-devices registered on it; `nvmlEventSetWait_v2` polls the file until one arrives or the timeout.
+devices registered on it; `nvmlEventSetWait_v2` polls the file until one arrives or the timeout,
+and fails with `NVML_ERROR_GPU_IS_LOST` while a GPU registered on the set is lost. ECC events
+count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC events of that type
+raised on the GPU, as the driver counts the error it reports.
+
+Memory health (profile fields): `ecc_enabled`, `ecc_{corrected,uncorrected}_{volatile,aggregate}`,
+`remapped_rows_*` (Ampere and later) and `retired_pages_pending` (before Ampere).
 
 This module is self-contained (imports nothing from `driver`): it runs in the daemon's process in
 place of a vendor library.
@@ -106,6 +112,16 @@ NVML_DEVICE_ARCH_ADA = 8
 NVML_DEVICE_ARCH_HOPPER = 9
 NVML_DEVICE_ARCH_BLACKWELL = 10
 NVML_DEVICE_ARCH_UNKNOWN = 0xFFFFFFFF
+
+NVML_FEATURE_DISABLED = 0
+NVML_FEATURE_ENABLED = 1
+
+NVML_SINGLE_BIT_ECC = 0
+NVML_DOUBLE_BIT_ECC = 1
+NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0
+NVML_AGGREGATE_ECC = 1
 
 NVML_INIT_FLAG_NO_GPUS = 1 << 0
 NVML_INIT_FLAG_NO_ATTACH = 1 << 1
@@ -738,6 +754,75 @@ def nvmlDeviceGetGpuInstanceProfileInfo(
 nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
 
 
+# --- memory health: ECC counters, row remapping, page retirement -------------------------------
+
+
+def _ecc_events(uuid: str, event_type: int) -> int:
+    """ECC events raised on this GPU so far: each one is an error the counters must include."""
+    try:
+        with open(_events_path(), "rb") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return 0
+    count = 0
+    for line in lines:
+        try:
+            ev = json.loads(line)
+            if str(ev["uuid"]) == uuid and int(ev["event_type"]) == event_type:
+                count += 1
+        except (ValueError, KeyError, TypeError):
+            continue
+    return count
+
+
+def nvmlDeviceGetEccMode(handle: c_nvmlDevice_t) -> list[int]:
+    gpu = _full_gpu("nvmlDeviceGetEccMode", handle)
+    mode = NVML_FEATURE_ENABLED if gpu.get("ecc_enabled", True) else NVML_FEATURE_DISABLED
+    return [mode, mode]
+
+
+def nvmlDeviceGetTotalEccErrors(handle: c_nvmlDevice_t, errorType: int, counterType: int) -> int:
+    """The profile's base count plus every ECC event of that type raised since (as the driver
+    counts the error it reports). Not supported while ECC is disabled, like the real call."""
+    gpu = _full_gpu("nvmlDeviceGetTotalEccErrors", handle)
+    if not gpu.get("ecc_enabled", True):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    if errorType not in (NVML_MEMORY_ERROR_TYPE_CORRECTED, NVML_MEMORY_ERROR_TYPE_UNCORRECTED) or counterType not in (
+        NVML_VOLATILE_ECC,
+        NVML_AGGREGATE_ECC,
+    ):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    corrected = errorType == NVML_MEMORY_ERROR_TYPE_CORRECTED
+    kind = "corrected" if corrected else "uncorrected"
+    event = nvmlEventTypeSingleBitEccError if corrected else nvmlEventTypeDoubleBitEccError
+    total = int(gpu.get(f"ecc_{kind}_volatile", 0)) + _ecc_events(gpu["uuid"], event)
+    if counterType == NVML_AGGREGATE_ECC:
+        total += int(gpu.get(f"ecc_{kind}_aggregate", 0))
+    return total
+
+
+def nvmlDeviceGetRemappedRows(device: c_nvmlDevice_t) -> tuple[int, int, int, int]:
+    """(correctable rows, uncorrectable rows, remapping pending, remapping failed): Ampere and later."""
+    gpu = _full_gpu("nvmlDeviceGetRemappedRows", device)
+    if int(gpu.get("architecture", NVML_DEVICE_ARCH_UNKNOWN)) < NVML_DEVICE_ARCH_AMPERE:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return (
+        int(gpu.get("remapped_rows_correctable", 0)),
+        int(gpu.get("remapped_rows_uncorrectable", 0)),
+        1 if gpu.get("remapped_rows_pending") else 0,
+        1 if gpu.get("remapped_rows_failure") else 0,
+    )
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(device: c_nvmlDevice_t) -> int:
+    """Dynamic page retirement: before Ampere only (row remapping replaced it)."""
+    gpu = _full_gpu("nvmlDeviceGetRetiredPagesPendingStatus", device)
+    arch = int(gpu.get("architecture", NVML_DEVICE_ARCH_UNKNOWN))
+    if NVML_DEVICE_ARCH_AMPERE <= arch < NVML_DEVICE_ARCH_UNKNOWN or not gpu.get("ecc_enabled", True):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return NVML_FEATURE_ENABLED if gpu.get("retired_pages_pending") else NVML_FEATURE_DISABLED
+
+
 # --- events --------------------------------------------------------------------------------------
 
 
@@ -791,7 +876,9 @@ def _next_event(eventSet: c_nvmlEventSet_t) -> c_nvmlEventData_t | None:
 def nvmlEventSetWait_v2(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
     deadline = time.monotonic() + timeoutms / 1000
     while True:
-        _current()
+        gpus = _current()
+        if any(g.get("lost") for g in gpus if g["uuid"] in eventSet.registered):
+            _raise(NVML_ERROR_GPU_IS_LOST)  # as the real wait does while a GPU in the set is off the bus
         event = _next_event(eventSet)
         if event is not None:
             return event

@@ -1,0 +1,556 @@
+"""GPU health from NVML: events (XIDs, ECC) and a periodic probe, as inventory conditions.
+
+One thread, named "gpu-health", does everything, so the monitor's state needs no lock:
+
+    loop: [probe when due or asked] -> expire quiet periods -> wait for one event (timeout)
+
+* The wait has a timeout (`wait_timeout_ms`), so `stop()` takes effect within it and a burst of
+  events is drained one per wait without loss (NVML queues them; NVIDIA's one-slot channel per
+  device dropped bursts).
+* The probe (every `probe_period`, on `trigger_probe()`, after an event it cannot place, and when
+  the inventory's set of GPUs changes) asks every GPU in the inventory whether it answers, reads
+  its ECC counters and row-remapping state, and registers events on GPUs that are new or answer
+  again. Its findings are HARD conditions: stated afresh each probe, so they clear by themselves.
+* The monitor holds its own `nvmlInit` (NVML reference-counts it, so discovery's init/shutdown
+  pairs do not disturb it). When NVML is unavailable it retries with backoff and marks the
+  inventory's GPUs `unmonitored`.
+
+ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
+devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
+errors no event reported (e.g. a lost event), to all devices of the GPU.
+
+Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
+monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import importlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from driver.backoff import Backoff, Retry
+from driver.discovery.gpu import preload_nvml
+from driver.health.gpu_policy import (
+    NO_INSTANCE,
+    EventRate,
+    GpuDevices,
+    GpuHealthPolicy,
+    HealthState,
+    event_targets,
+    index_gpus,
+)
+from driver.inventory import Inventory
+from driver.model import Condition
+
+log = logging.getLogger(__name__)
+
+# NVML values (stable ABI; the same in nvidia-ml-py and the simulation's fake).
+_NOT_SUPPORTED = 3
+_NOT_FOUND = 6
+_TIMEOUT = 10
+_GPU_IS_LOST = 15
+_GPU_NOT_FOUND = 28
+_LOST = frozenset({_GPU_IS_LOST, _NOT_FOUND, _GPU_NOT_FOUND})
+# NVML as a whole is gone (driver unloaded, library mismatch): start over with a new nvmlInit.
+_REINIT = frozenset({1, 9, 12, 18})  # UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH
+
+_SINGLE_BIT = 0x1  # nvmlEventTypeSingleBitEccError
+_DOUBLE_BIT = 0x2  # nvmlEventTypeDoubleBitEccError
+_XID = 0x8  # nvmlEventTypeXidCriticalError
+_WANTED_EVENTS = _XID | _DOUBLE_BIT | _SINGLE_BIT
+_EVENT_NAMES = {_XID: "xid", _DOUBLE_BIT: "double_bit_ecc", _SINGLE_BIT: "single_bit_ecc"}
+
+INIT_BACKOFF = Backoff(initial=1.0, maximum=60.0)  # between nvmlInit attempts while NVML is unavailable
+
+_CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
+_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+_VOLATILE = 0  # NVML_VOLATILE_ECC
+
+
+@dataclass
+class GpuHealthCounters:
+    """What the monitor has seen since it started; the metrics module exports these."""
+
+    events: dict[str, int] = field(default_factory=dict)  # by type: xid, double_bit_ecc, ...
+    xids: dict[int, int] = field(default_factory=dict)  # by XID number
+    single_bit_ecc: int = 0
+    double_bit_ecc: int = 0
+    probes: int = 0
+    errors: int = 0  # NVML failures of any kind (init, wait, probe, registration)
+    nvml_inits: int = 0
+
+
+class _Reinit(Exception):
+    """NVML itself went away; the session must be closed and NVML initialised again."""
+
+
+@dataclass
+class _Ecc:
+    """One GPU's volatile ECC counter as last read, and errors events reported since."""
+
+    last: int | None = None
+    by_events: int = 0
+
+
+@dataclass
+class _Session:
+    """Everything that lives between one nvmlInit and its nvmlShutdown."""
+
+    nvml: ModuleType
+    event_set: Any = None
+    registered: dict[str, Any] = field(default_factory=dict)  # GPU UUID -> handle
+    handle_uuids: dict[Any, str] = field(default_factory=dict)  # handle key -> GPU UUID
+    unmonitored: dict[str, str] = field(default_factory=dict)  # GPU UUID -> why not
+
+
+def _handle_key(handle: Any) -> Any:
+    """A hashable identity for an NVML device handle: the pointer's address for the real binding."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (ctypes.ArgumentError, TypeError):
+        return handle
+
+
+class GpuHealthMonitor:
+    def __init__(
+        self,
+        inventory: Inventory,
+        policy: GpuHealthPolicy,
+        *,
+        driver_root: Path,
+        source: str = "gpu-health",
+        wait_timeout_ms: int = 1000,
+        probe_period: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+        init_backoff: Backoff = INIT_BACKOFF,
+    ) -> None:
+        self.inventory = inventory
+        self.policy = policy
+        self.driver_root = driver_root
+        self.source = source
+        self.wait_timeout_ms = wait_timeout_ms
+        self.probe_period = probe_period
+        self.clock = clock
+        self.init_backoff = init_backoff
+        self._state = HealthState(policy)
+        self._ecc: dict[tuple[str, int], _Ecc] = {}  # (GPU UUID, error type) -> counter state
+        self._sbe_rate: dict[str, EventRate] = {}
+        self._counters = GpuHealthCounters()
+        self._counters_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._probe_requested = threading.Event()
+        self._known_gpus: frozenset[str] = frozenset()
+        self._probe_cond = threading.Condition()
+        self._probe_seq = 0  # probes started
+        self._probe_done = 0  # the sequence number of the last probe that finished
+        self._thread: threading.Thread | None = None
+
+    # --- public ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("the GPU health monitor was already started")
+        self.inventory.subscribe(self._inventory_changed)
+        self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(self.wait_timeout_ms / 1000 + 5 if timeout is None else timeout)
+
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def trigger_probe(self, wait: float | None = None) -> bool:
+        """Probe soon (within one event wait), e.g. after a rediscovery.
+
+        With `wait`, block up to that many seconds for a probe that started after this call to
+        finish (tandemctl, tests); returns whether one did. Without, returns at once (False).
+        """
+        with self._probe_cond:
+            target = self._probe_seq + 1
+        self._probe_requested.set()
+        self._wake.set()
+        if wait is None:
+            return False
+        with self._probe_cond:
+            return self._probe_cond.wait_for(lambda: self._probe_done >= target, wait)
+
+    def counters(self) -> GpuHealthCounters:
+        with self._counters_lock:
+            return copy.deepcopy(self._counters)
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        retry = Retry(self.init_backoff)
+        while not self._stop.is_set():
+            session = self._open()
+            if session is None:
+                self._stop.wait(retry.next())
+                continue
+            retry.reset()
+            try:
+                self._loop(session)
+            except _Reinit as e:
+                log.warning("NVML went away (%s); initialising it again", e)
+            except Exception:  # a bug must not end health monitoring for good
+                log.exception("GPU health monitor failed; starting over")
+                self._count(errors=1)
+                self._stop.wait(retry.next())
+            finally:
+                self._close(session)
+
+    def _open(self) -> _Session | None:
+        try:
+            nvml = importlib.import_module("pynvml")
+        except ImportError as e:
+            self._nvml_unavailable(f"the pynvml module cannot be imported: {e}")
+            return None
+        preload_nvml(self.driver_root)
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as e:
+            self._nvml_unavailable(f"nvmlInit failed: {e}")
+            return None
+        self._count(nvml_inits=1)
+        self._probe_requested.set()
+        return _Session(nvml)
+
+    def _close(self, s: _Session) -> None:
+        nvml = s.nvml
+        if s.event_set is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(s.event_set)
+        try:
+            nvml.nvmlShutdown()
+        except nvml.NVMLError as e:
+            log.warning("nvmlShutdown failed: %s", e)
+
+    def _nvml_unavailable(self, reason: str) -> None:
+        log.warning("GPU health: NVML unavailable (%s); retrying", reason)
+        self._count(errors=1)
+        changed = set()
+        for gpu in index_gpus(self.inventory.devices()).values():
+            for d in gpu.devices:
+                if self._state.set_hard(d, [self.policy.unmonitored(reason)]):
+                    changed.add(d)
+        self._publish(changed)
+
+    def _loop(self, s: _Session) -> None:
+        next_probe = self.clock()
+        wait_error = Retry(Backoff(initial=0.05, maximum=max(self.wait_timeout_ms / 1000, 0.05)))
+        while not self._stop.is_set():
+            self._wake.clear()
+            if self._probe_requested.is_set() or self.clock() >= next_probe:
+                self._probe_requested.clear()
+                self._probe(s)
+                next_probe = self.clock() + self.probe_period
+            self._publish(self._state.expire(self.clock()))
+            if self._stop.is_set():
+                return
+            if s.event_set is None or not s.registered:
+                self._wake.wait(self.wait_timeout_ms / 1000)
+                continue
+            try:
+                data = s.nvml.nvmlEventSetWait_v2(s.event_set, self.wait_timeout_ms)
+            except s.nvml.NVMLError as e:
+                if e.value == _TIMEOUT:
+                    wait_error.reset()
+                    continue
+                if e.value in _REINIT:
+                    raise _Reinit(str(e)) from e
+                # GPU_IS_LOST: a GPU in the set is off the bus; the probe finds which and rebuilds.
+                log.warning("waiting for NVML events failed: %s; probing the GPUs", e)
+                self._count(errors=1)
+                self._probe_requested.set()
+                self._wake.wait(wait_error.next())
+                continue
+            wait_error.reset()
+            self._on_event(s, data)
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _on_event(self, s: _Session, data: Any) -> None:
+        etype, edata = int(data.eventType), int(data.eventData)
+        gi, ci = int(getattr(data, "gpuInstanceId", NO_INSTANCE)), int(getattr(data, "computeInstanceId", NO_INSTANCE))
+        name = _EVENT_NAMES.get(etype, f"0x{etype:x}")
+        with self._counters_lock:
+            self._counters.events[name] = self._counters.events.get(name, 0) + 1
+            if etype == _XID:
+                self._counters.xids[edata] = self._counters.xids.get(edata, 0) + 1
+        uuid = s.handle_uuids.get(_handle_key(data.device))
+        if uuid is None:
+            try:
+                uuid = str(s.nvml.nvmlDeviceGetUUID(data.device))
+            except s.nvml.NVMLError as e:
+                log.warning("NVML event %s (data %d) from a GPU that cannot be named (%s); probing", name, edata, e)
+                self._count(errors=1)
+                self._probe_requested.set()
+                return
+        gpu = index_gpus(self.inventory.devices()).get(uuid)
+        if gpu is None:
+            log.warning("NVML event %s (data %d) from GPU %s, which publishes no devices", name, edata, uuid)
+            return
+        targets = event_targets(gpu, gi, ci)
+        now = self.clock()
+        changed: set[str] = set()
+        if etype == _XID:
+            cond = self.policy.xid(edata)
+            log.log(
+                logging.INFO if self.policy.is_informational_xid(edata) else logging.WARNING,
+                "XID %d on GPU %s -> %s: %s",
+                edata,
+                uuid,
+                ", ".join(targets),
+                cond.message,
+            )
+            changed |= self._observe(targets, cond, now)
+        elif etype == _DOUBLE_BIT:
+            self._count(double_bit_ecc=1)
+            self._ecc_track(uuid, _UNCORRECTED).by_events += 1
+            changed |= self._observe(targets, self.policy.double_bit_ecc(), now)
+        elif etype == _SINGLE_BIT:
+            self._count(single_bit_ecc=1)
+            self._ecc_track(uuid, _CORRECTED).by_events += 1
+            changed |= self._single_bits(gpu, 1, now)
+        self._publish(changed)
+
+    def _observe(self, devices: Iterable[str], cond: Condition, now: float) -> set[str]:
+        return {d for d in devices if self._state.observe(d, cond, now)}
+
+    def _single_bits(self, gpu: GpuDevices, count: int, now: float) -> set[str]:
+        rate = self._sbe_rate.setdefault(gpu.uuid, EventRate(self.policy.single_bit_window))
+        total = rate.add(count, now)
+        if total < self.policy.single_bit_threshold:
+            return set()
+        return self._observe(gpu.devices, self.policy.single_bit_ecc_rate(total), now)
+
+    def _ecc_track(self, uuid: str, kind: int) -> _Ecc:
+        return self._ecc.setdefault((uuid, kind), _Ecc())
+
+    # --- the probe -------------------------------------------------------------------------------
+
+    def _probe(self, s: _Session) -> None:
+        with self._probe_cond:
+            self._probe_seq += 1
+            seq = self._probe_seq
+        try:
+            self._probe_gpus(s)
+            self._count(probes=1)
+        finally:
+            with self._probe_cond:
+                self._probe_done = seq
+                self._probe_cond.notify_all()
+
+    def _probe_gpus(self, s: _Session) -> None:
+        gpus = index_gpus(self.inventory.devices())
+        self._known_gpus = frozenset(gpus)
+        self._forget_gone(gpus)
+        answering: dict[str, Any] = {}
+        found: dict[str, list[Condition]] = {}
+        for uuid, gpu in gpus.items():
+            try:
+                found[uuid], handle = self._probe_gpu(s, gpu)
+            except s.nvml.NVMLError as e:
+                if e.value in _REINIT:
+                    raise _Reinit(str(e)) from e
+                raise
+            if handle is not None:
+                answering[uuid] = handle
+        self._register(s, answering)
+        changed = set()
+        for uuid, gpu in gpus.items():
+            conds = list(found[uuid])
+            if uuid in s.unmonitored:
+                conds.append(self.policy.unmonitored(s.unmonitored[uuid]))
+            changed |= {d for d in gpu.devices if self._state.set_hard(d, conds)}
+        self._publish(changed)
+
+    def _probe_gpu(self, s: _Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:
+        """The GPU's hard conditions now, and its handle if it answers."""
+        nvml, uuid = s.nvml, gpu.uuid
+        try:
+            handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except nvml.NVMLError as e:
+            self._count(errors=1)
+            if e.value in _LOST:
+                return [self.policy.gpu_lost(f"nvmlDeviceGetHandleByUUID: {e}")], None
+            if e.value in _REINIT:
+                raise
+            return [self.policy.nvml_error(f"nvmlDeviceGetHandleByUUID: {e}")], None
+        failures: list[str] = []
+        conds: list[Condition] = []
+        now = self.clock()
+        try:
+            for kind in (_CORRECTED, _UNCORRECTED):
+                self._probe_ecc(s, gpu, handle, kind, now, failures)
+            self._probe_memory(s, handle, conds, failures)
+        except nvml.NVMLError as e:
+            if e.value not in _LOST:
+                raise
+            self._count(errors=1)
+            return [self.policy.gpu_lost(str(e))], None
+        if failures:
+            self._count(errors=len(failures))
+            conds.append(self.policy.nvml_error("; ".join(failures)))
+        return conds, handle
+
+    def _probe_ecc(self, s: _Session, gpu: GpuDevices, handle: Any, kind: int, now: float, failures: list[str]) -> None:
+        nvml, track = s.nvml, self._ecc_track(gpu.uuid, kind)
+        try:
+            total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, _VOLATILE))
+        except nvml.NVMLError as e:
+            if e.value in _LOST or e.value in _REINIT:
+                raise
+            track.last, track.by_events = None, 0
+            if e.value != _NOT_SUPPORTED:
+                failures.append(f"nvmlDeviceGetTotalEccErrors: {e}")
+            return
+        if track.last is None or total < track.last:  # first reading, or the driver reloaded
+            track.last, track.by_events = total, 0
+            return
+        delta, track.last = total - track.last, total
+        unreported = max(delta - track.by_events, 0)
+        track.by_events = max(track.by_events - delta, 0)
+        if not unreported:
+            return
+        if kind == _UNCORRECTED:
+            self._count(double_bit_ecc=unreported)
+            log.warning("GPU %s: %d double-bit ECC error(s) without an event", gpu.uuid, unreported)
+            self._publish(self._observe(gpu.devices, self.policy.double_bit_ecc(unreported), now))
+        else:
+            self._count(single_bit_ecc=unreported)
+            self._publish(self._single_bits(gpu, unreported, now))
+
+    def _probe_memory(self, s: _Session, handle: Any, conds: list[Condition], failures: list[str]) -> None:
+        """Row remapping (Ampere and later), else page retirement: what waits for a GPU reset."""
+        nvml = s.nvml
+        try:
+            corrected, uncorrected, pending, failed = nvml.nvmlDeviceGetRemappedRows(handle)
+        except nvml.NVMLError as e:
+            if e.value in _LOST or e.value in _REINIT:
+                raise
+            if e.value != _NOT_SUPPORTED:
+                failures.append(f"nvmlDeviceGetRemappedRows: {e}")
+                return
+        else:
+            rows = f"{int(corrected)} correctable and {int(uncorrected)} uncorrectable row(s) remapped"
+            if int(pending):
+                conds.append(self.policy.row_remap_pending(f"a row remapping is pending ({rows})"))
+            if int(failed):
+                conds.append(self.policy.row_remap_failed(f"a row remapping failed ({rows})"))
+            return
+        try:
+            pending = nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
+        except nvml.NVMLError as e:
+            if e.value in _LOST or e.value in _REINIT:
+                raise
+            if e.value != _NOT_SUPPORTED:
+                failures.append(f"nvmlDeviceGetRetiredPagesPendingStatus: {e}")
+            return
+        if int(pending):
+            conds.append(self.policy.row_remap_pending("a page retirement is pending"))
+
+    def _register(self, s: _Session, answering: dict[str, Any]) -> None:
+        """Watch every answering GPU; start a new event set when a watched one stopped answering.
+
+        NVML cannot unregister a device, and a set holding a lost GPU fails every wait, so a GPU
+        that left means a fresh set (events in between are lost; the probe still sees the state).
+        """
+        nvml = s.nvml
+        for uuid in set(s.unmonitored) - set(answering):
+            del s.unmonitored[uuid]
+        if s.event_set is not None and set(s.registered) - set(answering):
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(s.event_set)
+            s.event_set = None
+        if s.event_set is None:
+            s.registered.clear()
+            s.handle_uuids.clear()
+            if not answering:
+                return
+            try:
+                s.event_set = nvml.nvmlEventSetCreate()
+            except nvml.NVMLError as e:
+                if e.value in _REINIT:
+                    raise
+                self._count(errors=1)
+                for uuid in answering:
+                    s.unmonitored[uuid] = f"nvmlEventSetCreate: {e}"
+                return
+        for uuid, handle in answering.items():
+            if uuid in s.registered:
+                continue
+            try:
+                mask = int(nvml.nvmlDeviceGetSupportedEventTypes(handle)) & _WANTED_EVENTS
+                if not mask & _XID:
+                    s.unmonitored[uuid] = "the GPU does not report XID events"
+                    continue
+                nvml.nvmlDeviceRegisterEvents(handle, mask, s.event_set)
+            except nvml.NVMLError as e:
+                if e.value in _REINIT:
+                    raise
+                self._count(errors=1)
+                if s.unmonitored.get(uuid) is None:
+                    log.warning("GPU %s: cannot register for NVML events: %s", uuid, e)
+                s.unmonitored[uuid] = f"nvmlDeviceRegisterEvents: {e}"
+                continue
+            s.registered[uuid] = handle
+            s.handle_uuids[_handle_key(handle)] = uuid
+            s.unmonitored.pop(uuid, None)
+            log.info("GPU %s: watching NVML events 0x%x", uuid, mask)
+
+    # --- inventory -------------------------------------------------------------------------------
+
+    def _inventory_changed(self) -> None:
+        """Called by the inventory (any thread): a GPU came or went, so probe and (re)register."""
+        if self._stop.is_set():
+            return
+        gpus = frozenset(index_gpus(self.inventory.devices()))
+        if gpus != self._known_gpus:
+            self._known_gpus = gpus
+            self.trigger_probe()
+
+    def _forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
+        present = {d for g in gpus.values() for d in g.devices}
+        gone = self._state.devices() - present
+        for d in gone:
+            self._state.forget(d)
+        self._publish(gone)
+        for key in [k for k in self._ecc if k[0] not in gpus]:
+            del self._ecc[key]
+        for uuid in set(self._sbe_rate) - set(gpus):
+            del self._sbe_rate[uuid]
+
+    def _publish(self, devices: Iterable[str]) -> None:
+        for d in sorted(devices):
+            conds = self._state.conditions(d)
+            try:
+                self.inventory.set_conditions(self.source, d, conds)
+            except Exception:
+                log.exception("%s: cannot publish health conditions", d)
+                continue
+            if conds:
+                level = logging.WARNING if any(c.unhealthy for c in conds) else logging.INFO
+                log.log(level, "%s: %s", d, "; ".join(sorted(f"{c.key}={c.value} ({c.effect})" for c in conds)))
+            else:
+                log.info("%s: no GPU health conditions", d)
+
+    def _count(self, **deltas: int) -> None:
+        with self._counters_lock:
+            for name, n in deltas.items():
+                setattr(self._counters, name, getattr(self._counters, name) + n)

@@ -1,0 +1,301 @@
+"""What GPU health observations mean for scheduling: a pure policy, and the state that lets
+conditions come *and go*.
+
+NVIDIA's driver taints a device on every XID and never clears it, ignores ECC events and never
+evicts (anchors.md 1.10, 8.1). Here every condition has a way back:
+
+* TRANSIENT conditions come from events (XIDs, ECC errors). Each occurrence restarts a quiet
+  period; when it passes without a new occurrence the condition clears.
+* HARD conditions come from the periodic probe (GPU lost, rows waiting for remapping, NVML
+  errors, events that could not be registered). The probe states them afresh each time, so they
+  clear as soon as the probe finds the GPU well again (it answers, nothing is pending).
+
+XID classes (NVIDIA's Xid catalog for Ampere and later, docs.nvidia.com/deploy/xid-errors, and its
+"resolution bucket" column):
+
+* application XIDs 13, 31, 43, 45, 68, 109 (the set NVIDIA's DRA and device plugins skip), plus
+  `ignored_xids`: the application crashed, the GPU is fine. Informational: effect None, healthy.
+* reset XIDs, whose immediate action is RESET_GPU (or a reboot): 48 double-bit ECC, 61/62
+  micro-controller breakpoint/halt, 64 row-remap/page-retirement recording failure, 74 NVLink,
+  79 fallen off the bus, 95 uncontained ECC, 119/120 GSP timeout/error, 121 C2C link,
+  140 unrecovered ECC, 143 GPU initialisation failure. Default effect **NoExecute**: every
+  process on the GPU is already dead or may compute on corrupt memory, and the reset that repairs
+  the GPU needs them gone; evicting lets their pods restart elsewhere now instead of hanging.
+* every other XID (e.g. 94 contained ECC: RESTART_APP, the GPU stays usable): NoSchedule.
+
+Effects are overridable per condition key (`--taint-effect tandem.dev/xid=NoSchedule` keeps
+reset XIDs from evicting). An override changes the effect of the key's *fault* conditions only:
+informational ones (ignored XIDs, the single-bit ECC rate notice) stay None; to make an XID a
+fault, leave it out of the ignored set.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from driver.model import Condition, Device, TaintEffect
+
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+RESET_XIDS = frozenset({48, 61, 62, 64, 74, 79, 95, 119, 120, 121, 140, 143})
+
+# Condition names; the key is "<domain>/<name>".
+XID = "xid"
+ECC = "ecc"
+GPU_LOST = "gpu-lost"
+ROW_REMAP_PENDING = "row-remap-pending"
+ROW_REMAP_FAILED = "row-remap-failed"
+NVML_ERROR = "nvml-error"
+UNMONITORED = "unmonitored"
+NAMES = (XID, ECC, GPU_LOST, ROW_REMAP_PENDING, ROW_REMAP_FAILED, NVML_ERROR, UNMONITORED)
+
+DOUBLE_BIT = "double-bit"
+SINGLE_BIT = "single-bit"
+
+# So that a burst of different XIDs cannot crowd the taints of one device (the API allows 16).
+MAX_XIDS_PER_DEVICE = 8
+
+_XID_NAMES = {
+    13: "graphics engine exception",
+    31: "GPU memory page fault",
+    43: "GPU stopped processing",
+    45: "preemptive cleanup",
+    48: "double-bit ECC error",
+    61: "internal micro-controller breakpoint",
+    62: "internal micro-controller halt",
+    63: "row remapping or page retirement recorded",
+    64: "row remapping or page retirement recording failed",
+    68: "video decoder exception",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "high single-bit ECC error rate",
+    94: "contained ECC error",
+    95: "uncontained ECC error",
+    109: "context switch timeout",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    121: "C2C link error",
+    140: "unrecovered ECC error",
+    143: "GPU initialization failure",
+}
+
+
+class Recovery(enum.StrEnum):
+    TRANSIENT = "transient"  # clears after a quiet period without a new occurrence
+    HARD = "hard"  # clears when the probe finds the device well again
+
+
+@dataclass(frozen=True)
+class GpuHealthPolicy:
+    """Turns observations into conditions; pure and immutable so tests can table it."""
+
+    domain: str = "tandem.dev"
+    ignored_xids: frozenset[int] = frozenset()
+    application_xids: frozenset[int] = APPLICATION_XIDS
+    reset_xids: frozenset[int] = RESET_XIDS
+    reset_xid_effect: TaintEffect = TaintEffect.NO_EXECUTE
+    effects: Mapping[str, TaintEffect] = field(default_factory=dict)  # full key -> effect
+    xid_quiet_period: float = 600.0
+    ecc_quiet_period: float = 600.0
+    single_bit_threshold: int = 100  # corrected errors within single_bit_window
+    single_bit_window: float = 600.0
+
+    def __post_init__(self) -> None:
+        known = {self.key(n) for n in NAMES}
+        unknown = sorted(set(self.effects) - known)
+        if unknown:
+            raise ValueError(f"taint effects for unknown keys {unknown}; known keys: {sorted(known)}")
+        for name in ("xid_quiet_period", "ecc_quiet_period", "single_bit_window"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, not {getattr(self, name)!r}")
+        if self.single_bit_threshold < 1:
+            raise ValueError(f"single_bit_threshold must be at least 1, not {self.single_bit_threshold}")
+        bad = sorted(x for x in self.ignored_xids | self.application_xids | self.reset_xids if not 0 <= x < 2**32)
+        if bad:
+            raise ValueError(f"XIDs {bad} are out of range")
+
+    def key(self, name: str) -> str:
+        return f"{self.domain}/{name}"
+
+    def _fault(self, name: str, value: str, message: str, default: TaintEffect) -> Condition:
+        effect = self.effects.get(self.key(name), default)
+        return Condition(self.key(name), effect, value, message, unhealthy=True)
+
+    def _info(self, name: str, value: str, message: str) -> Condition:
+        return Condition(self.key(name), TaintEffect.NONE, value, message, unhealthy=False)
+
+    def is_informational_xid(self, xid: int) -> bool:
+        return xid in self.application_xids or xid in self.ignored_xids
+
+    def xid(self, xid: int) -> Condition:
+        what = _XID_NAMES.get(xid)
+        text = f"XID {xid}" + (f" ({what})" if what else "")
+        if self.is_informational_xid(xid):
+            return self._info(XID, str(xid), f"{text}: an application error, the GPU is fine")
+        if xid in self.reset_xids:
+            return self._fault(XID, str(xid), f"{text}: the GPU needs a reset", self.reset_xid_effect)
+        return self._fault(XID, str(xid), text, TaintEffect.NO_SCHEDULE)
+
+    def double_bit_ecc(self, count: int = 1) -> Condition:
+        return self._fault(ECC, DOUBLE_BIT, f"{count} double-bit (uncorrectable) ECC error(s)", TaintEffect.NO_SCHEDULE)
+
+    def single_bit_ecc_rate(self, count: int) -> Condition:
+        return self._info(
+            ECC,
+            SINGLE_BIT,
+            f"{count} single-bit (corrected) ECC errors within {self.single_bit_window:g}s "
+            f"(threshold {self.single_bit_threshold})",
+        )
+
+    def gpu_lost(self, detail: str) -> Condition:
+        return self._fault(GPU_LOST, "", f"GPU lost: {detail}", TaintEffect.NO_EXECUTE)
+
+    def row_remap_pending(self, detail: str) -> Condition:
+        return self._fault(ROW_REMAP_PENDING, "", f"{detail}; a GPU reset applies it", TaintEffect.NO_SCHEDULE)
+
+    def row_remap_failed(self, detail: str) -> Condition:
+        return self._fault(ROW_REMAP_FAILED, "", f"{detail}; the GPU needs service", TaintEffect.NO_SCHEDULE)
+
+    def nvml_error(self, detail: str) -> Condition:
+        return self._fault(NVML_ERROR, "", f"NVML errors: {detail}", TaintEffect.NO_SCHEDULE)
+
+    def unmonitored(self, detail: str) -> Condition:
+        return self._info(UNMONITORED, "", f"no NVML health events: {detail}")
+
+    def recovery(self, condition: Condition) -> tuple[Recovery, float]:
+        """How a condition clears: after a quiet period (seconds), or by a healthy probe (0)."""
+        if condition.key == self.key(XID):
+            return Recovery.TRANSIENT, self.xid_quiet_period
+        if condition.key == self.key(ECC):
+            return Recovery.TRANSIENT, self.ecc_quiet_period
+        return Recovery.HARD, 0.0
+
+
+class EventRate:
+    """Occurrences within a sliding window (single-bit ECC errors per GPU)."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._total = 0
+
+    def add(self, count: int, now: float) -> int:
+        """Record `count` occurrences at `now`; the total within the window ending at `now`."""
+        if count > 0:
+            self._samples.append((now, count))
+            self._total += count
+        while self._samples and self._samples[0][0] <= now - self.window:
+            self._total -= self._samples.popleft()[1]
+        return self._total
+
+
+class HealthState:
+    """The conditions of each device, with the time each transient one was last seen.
+
+    Pure: time is passed in, nothing is published. Every method that can change what a device
+    reports returns whether (or which devices) changed, so the caller publishes only those.
+    """
+
+    def __init__(self, policy: GpuHealthPolicy) -> None:
+        self.policy = policy
+        self._transient: dict[str, dict[tuple[str, str], tuple[Condition, float]]] = {}
+        self._hard: dict[str, frozenset[Condition]] = {}
+
+    def observe(self, device: str, condition: Condition, now: float) -> bool:
+        """An event happened: (re)start the condition's quiet period."""
+        recovery, _ = self.policy.recovery(condition)
+        if recovery is not Recovery.TRANSIENT:
+            raise ValueError(f"{condition.key} is not an event condition")
+        before = self.conditions(device)
+        conds = self._transient.setdefault(device, {})
+        conds.pop((condition.key, condition.value), None)
+        conds[(condition.key, condition.value)] = (condition, now)  # dict order = last seen
+        xids = [k for k in conds if k[0] == self.policy.key(XID)]
+        for k in xids[: max(len(xids) - MAX_XIDS_PER_DEVICE, 0)]:
+            del conds[k]
+        return self.conditions(device) != before
+
+    def set_hard(self, device: str, conditions: Iterable[Condition]) -> bool:
+        """What the probe found now (empty: nothing wrong); replaces the last probe's verdict."""
+        new = frozenset(conditions)
+        old = self._hard.get(device, frozenset())
+        if new:
+            self._hard[device] = new
+        else:
+            self._hard.pop(device, None)
+        return new != old
+
+    def expire(self, now: float) -> set[str]:
+        """Drop transient conditions whose quiet period has passed; the devices that changed."""
+        changed = set()
+        for device, conds in list(self._transient.items()):
+            for k, (cond, seen) in list(conds.items()):
+                _, quiet = self.policy.recovery(cond)
+                if now - seen >= quiet:
+                    del conds[k]
+                    changed.add(device)
+            if not conds:
+                del self._transient[device]
+        return changed
+
+    def forget(self, device: str) -> bool:
+        had = device in self._transient or device in self._hard
+        self._transient.pop(device, None)
+        self._hard.pop(device, None)
+        return had
+
+    def devices(self) -> set[str]:
+        return set(self._transient) | set(self._hard)
+
+    def conditions(self, device: str) -> frozenset[Condition]:
+        transient = (c for c, _ in self._transient.get(device, {}).values())
+        return frozenset(transient) | self._hard.get(device, frozenset())
+
+
+# --- which devices an NVML event is about --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GpuDevices:
+    """The published devices of one physical GPU: itself, or its MIG devices."""
+
+    uuid: str
+    devices: tuple[str, ...]
+    migs: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (GI, CI) -> device name
+
+
+def index_gpus(devices: Iterable[Device]) -> dict[str, GpuDevices]:
+    """Group the inventory's GPU and MIG devices by the UUID of the physical GPU."""
+    names: dict[str, list[str]] = {}
+    migs: dict[str, dict[tuple[int, int], str]] = {}
+    for d in devices:
+        info = d.gpu
+        if info is None or not info.uuid:
+            continue
+        parent = info.parent_uuid or info.uuid
+        names.setdefault(parent, []).append(d.name)
+        if info.parent_uuid and info.mig_gi is not None and info.mig_ci is not None:
+            migs.setdefault(parent, {})[(info.mig_gi, info.mig_ci)] = d.name
+    return {u: GpuDevices(u, tuple(sorted(n)), migs.get(u, {})) for u, n in names.items()}
+
+
+NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributable to a GPU/compute instance"
+
+
+def event_targets(gpu: GpuDevices, gi: int, ci: int) -> tuple[str, ...]:
+    """The devices an event on `gpu` with these instance IDs is about.
+
+    A MIG device when GI and CI name one; the MIG devices of a GPU instance when only the GI does;
+    otherwise (no MIG, unknown or undecodable instance) every device of the GPU: better to taint
+    a healthy neighbour for a quiet period than to miss the sick one.
+    """
+    if gi != NO_INSTANCE and gpu.migs:
+        exact = gpu.migs.get((gi, ci))
+        if exact is not None:
+            return (exact,)
+        same_gi = tuple(sorted(name for (g, _), name in gpu.migs.items() if g == gi))
+        if same_gi:
+            return same_gi
+    return gpu.devices

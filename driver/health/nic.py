@@ -1,0 +1,570 @@
+"""RDMA NIC health: link and RDMA port state become device conditions that come and go.
+
+Signals, per NIC in the inventory:
+
+* Link state of its netdev. On a real node (`netlink=True`) from rtnetlink events of the driver's
+  (or the named) network namespace, plus a re-read every `poll_period` that covers dropped events
+  and links that never send one. Events are matched by ifindex once known, else by the
+  inventory's `NicInfo.ifname` of the moment, so a rename between two discoveries is followed. In
+  sysfs-only mode (the simulated node) from `class/net/<if>/{operstate,carrier,flags}`.
+* RDMA port state from sysfs, polled (sysfs has no events): `class/infiniband/<dev>/ports/<p>/state`
+  not ACTIVE, or `phys_state` not LinkUp.
+
+A NIC whose netdev is not visible (`NicInfo.present` False: moved into a pod, which the inventory
+allows only while it is allocated) is unobservable, not down: its link says nothing, and a link
+condition it had is withdrawn. Its RDMA ports are still judged while sysfs shows them (shared RDMA
+namespace mode); in exclusive mode they vanish from the host's sysfs and say nothing either.
+
+Debounce: a signal's reported fault follows its observed one only once that has held for
+`debounce` seconds, both ways. A link flapping faster than that changes nothing until it settles,
+so a flap storm costs at most a condition change or two, and the slice writes that come with them.
+A link that never settles is therefore never reported; flap-rate detection is not done here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import re
+import select
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from driver.backoff import Backoff, Retry
+from driver.discovery import netlink
+from driver.discovery.netlink import LinkEvent, LinkState
+from driver.inventory import Inventory
+from driver.model import Condition, DeviceKind, NicInfo, TaintEffect
+
+log = logging.getLogger(__name__)
+
+LINK_DOWN = "link-down"
+RDMA_PORT_DOWN = "rdma-port-down"
+BAD_OPERSTATES = frozenset({"down", "lowerlayerdown", "notpresent"})
+GOOD_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
+GOOD_PHYS_STATES = frozenset({"LinkUp"})
+MAX_VALUE = 63
+
+DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=30.0)
+
+_PORT_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S(?:.*\S)?)\s*$")
+_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What is wrong with one signal: `value` for the taint, `reason` in words for the message."""
+
+    value: str
+    reason: str
+
+
+def _label(text: str) -> str:
+    """A taint value: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    return _NOT_LABEL.sub("-", text)[:MAX_VALUE].strip("-_.")
+
+
+def _rfc3339(wall: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
+
+
+class Debounced:
+    """One signal whose reported fault follows the observed one only after it has held for
+    `debounce` seconds. Pure: time comes in as arguments, so a test drives it with numbers."""
+
+    def __init__(self, debounce: float, now: float) -> None:
+        self.debounce = debounce
+        self.observed: Fault | None = None
+        self.observed_since = now
+        self.reported: Fault | None = None
+        self.reported_since_wall = 0.0  # wall time the reported fault began
+
+    def observe(self, fault: Fault | None, now: float) -> bool:
+        """Records what the signal says now; True when that is a change (a transition)."""
+        if fault == self.observed:
+            return False
+        self.observed, self.observed_since = fault, now
+        return True
+
+    def due(self) -> float | None:
+        """When `settle` would change the reported fault if nothing is observed until then."""
+        return None if self.observed == self.reported else self.observed_since + self.debounce
+
+    def settle(self, now: float, wall: float) -> bool:
+        """Reports the observed fault if it has held long enough; True when the report changed."""
+        due = self.due()
+        if due is None or now < due:
+            return False
+        self.reported = self.observed
+        self.reported_since_wall = wall - (now - self.observed_since)
+        return True
+
+
+@dataclass(frozen=True)
+class _Nic:
+    """The parts of an inventory NIC the monitor watches; a change of any means a re-read."""
+
+    name: str
+    ifname: str
+    rdma_device: str
+    present: bool
+
+    @classmethod
+    def of(cls, name: str, info: NicInfo) -> _Nic:
+        return cls(name, info.ifname, info.rdma_device, info.present)
+
+
+@dataclass
+class _Watched:
+    nic: _Nic
+    link: Debounced | None = None  # None while the link is unobservable
+    link_ifname: str = ""  # the netdev name when the link fault was first seen, for the message
+    ifindex: int = 0
+    ports: dict[int, Debounced] = field(default_factory=dict)
+    published: frozenset[Condition] = frozenset()
+
+
+def link_fault(state: LinkState) -> Fault | None:
+    """Why a link cannot pass traffic, most specific reason first; None when it can."""
+    if not state.admin_up:
+        return Fault("admin-down", "administratively down")
+    if not state.carrier:
+        return Fault("carrier", "no carrier")
+    if state.operstate in BAD_OPERSTATES:
+        return Fault(_label(f"operstate-{state.operstate}"), f"operstate {state.operstate}")
+    return None
+
+
+def port_fault(port: int, state: str, phys_state: str | None) -> Fault | None:
+    """Why an RDMA port is not usable, from the names in its `state` and `phys_state` files."""
+    if state not in GOOD_PORT_STATES:
+        return Fault(_label(f"port{port}-{state.lower()}"), f"RDMA port {port} is {state}")
+    if phys_state is not None and phys_state not in GOOD_PHYS_STATES:
+        return Fault(_label(f"port{port}-phys-{phys_state.lower()}"), f"RDMA port {port} physical state {phys_state}")
+    return None
+
+
+class NicHealthMonitor:
+    """Turns NIC link and RDMA port state into `<domain>/link-down` and `<domain>/rdma-port-down`
+    conditions of health source `source`; one thread, started by `start()`.
+
+    `effects` overrides the taint effect per condition key (the full key, e.g.
+    `tandem.dev/link-down`); NoSchedule otherwise. `poll()` runs one round synchronously (the
+    thread runs it every `poll_period`); with an injected `clock` a test steps the debounce
+    without sleeping. The counters are for metrics.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        sysfs_root: Path,
+        domain: str = "tandem.dev",
+        source: str = "nic-health",
+        netns: str | None = None,
+        netlink: bool = True,
+        debounce: float = 2.0,
+        poll_period: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        effects: Mapping[str, TaintEffect] | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self.inventory = inventory
+        self.sysfs_root = Path(sysfs_root)
+        self.source = source
+        self.netns = netns
+        self.use_netlink = netlink
+        self.debounce = debounce
+        self.poll_period = poll_period
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.link_key = f"{domain}/{LINK_DOWN}"
+        self.port_key = f"{domain}/{RDMA_PORT_DOWN}"
+        self.effects = {self.link_key: TaintEffect.NO_SCHEDULE, self.port_key: TaintEffect.NO_SCHEDULE}
+        for key, effect in (effects or {}).items():
+            if key not in self.effects:
+                raise ValueError(f"unknown NIC health condition {key!r}; known: {sorted(self.effects)}")
+            self.effects[key] = TaintEffect(effect)
+
+        self.netlink_events = 0  # link messages received
+        self.link_transitions = 0  # observed changes of a link's or port's fault (before debounce)
+        self.condition_changes = 0  # changes of a device's published conditions
+        self.errors = 0  # failed rounds, socket failures, unreadable sysfs entries
+
+        self._lock = threading.RLock()
+        self._watched: dict[str, _Watched] = {}
+        self._warned: set[str] = set()
+        self._retry = Retry(backoff)
+        self._sock: socket.socket | None = None
+        self._reopen_at: float | None = None
+        self._wake_lock = threading.Lock()
+        self._wake_r, self._wake_w = -1, -1
+        self._inventory_changed = True
+        self._resync = True  # a watched NIC appeared or changed since the last full read
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ----------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        """Subscribes before returning, so a link change after start() is never missed; a
+        subscription that fails is logged and retried by the thread."""
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self.inventory.subscribe(self._on_inventory_change)
+        if self.use_netlink:
+            self._open_socket(self.clock())
+        self._thread = threading.Thread(target=self._run, name="nic-health", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake()
+        if self._thread is not None:
+            self._thread.join(timeout)
+        self._close_socket()
+        with self._wake_lock:
+            fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+        for fd in fds:
+            if fd >= 0:
+                os.close(fd)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "netlink_events": self.netlink_events,
+            "link_transitions": self.link_transitions,
+            "condition_changes": self.condition_changes,
+            "errors": self.errors,
+        }
+
+    def settled(self) -> bool:
+        """True when no observed fault is waiting out its debounce."""
+        with self._lock:
+            return all(d.due() is None for w in self._watched.values() for d in self._signals(w))
+
+    # ----------------------------------------------------------------------------- one round
+
+    def poll(self) -> None:
+        """Re-reads every watched NIC (netlink or sysfs for links, sysfs for ports) and publishes
+        what has held for `debounce`."""
+        with self._lock:
+            now = self.clock()
+            self._refresh()
+            states = self._read_links([w for w in self._watched.values() if w.nic.present and w.nic.ifname])
+            for w in self._watched.values():
+                if states is not None:
+                    self._observe_link(w, states.get(w.nic.ifname) if w.nic.present else None, now)
+                self._observe_ports(w, now)
+            self._resync = False
+            self._publish(now)
+
+    def _read_links(self, watched: list[_Watched]) -> dict[str, LinkState] | None:
+        """Link states by the inventory's netdev name (found by ifindex when one is known: the
+        netdev may have been renamed since); None (links keep their last state) when netlink
+        cannot be read."""
+        if not self.use_netlink:
+            return {w.nic.ifname: s for w in watched if (s := self._sysfs_link(w.nic.ifname)) is not None}
+        try:
+            indexes = {w.nic.ifname: w.ifindex for w in watched if w.ifindex}
+            return netlink.read_link_states([w.nic.ifname for w in watched], self.netns, indexes)
+        except (OSError, NetlinkError) as e:
+            self.errors += 1
+            where = f"network namespace {self.netns!r}" if self.netns else "the driver's network namespace"
+            log.error("cannot read link state of %s: %s; keeping the last known", where, e)
+            return None
+
+    def observe_events(self, events: Iterable[LinkEvent]) -> None:
+        """What the event thread does with the link messages it read (public so that a test or a
+        replay drives it without a netlink socket). A message is a NIC's by its ifindex once that
+        is known, by the inventory's netdev name before; a name that another link took over after
+        a rename does not count."""
+        with self._lock:
+            now = self.clock()
+            self._refresh()
+            by_index = {w.ifindex: w for w in self._watched.values() if w.ifindex}
+            by_name = {w.nic.ifname: w for w in self._watched.values() if w.nic.ifname}
+            for ev in events:
+                self.netlink_events += 1
+                w = by_index.get(ev.state.index)
+                if w is None and (named := by_name.get(ev.state.name)) and named.ifindex in (0, ev.state.index):
+                    w = named
+                if w is None or not w.nic.present:
+                    continue
+                if ev.deleted:  # gone from this namespace (deleted, or moved into a pod)
+                    self._observe_link(w, None, now)
+                    by_index.pop(ev.state.index, None)
+                else:
+                    self._observe_link(w, ev.state, now)
+                    by_index[ev.state.index] = w
+            self._publish(now)
+
+    # ----------------------------------------------------------------------------- state
+
+    @staticmethod
+    def _signals(w: _Watched) -> list[Debounced]:
+        return ([w.link] if w.link is not None else []) + list(w.ports.values())
+
+    def _on_inventory_change(self) -> None:
+        self._inventory_changed = True
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._wake_lock:
+            if self._wake_w >= 0:
+                with contextlib.suppress(BlockingIOError):  # a full pipe already says "wake up"
+                    os.write(self._wake_w, b"w")
+
+    def _refresh(self) -> None:
+        """Follows the inventory's NICs; one that appeared or changed asks for a full read, one
+        that left takes its conditions with it."""
+        current = {
+            d.name: _Nic.of(d.name, d.nic) for d in self.inventory.devices() if d.kind == DeviceKind.NIC and d.nic
+        }
+        changed = False
+        for name in self._watched.keys() - current.keys():
+            w = self._watched.pop(name)
+            changed = True
+            if w.published:
+                self._set(name, frozenset())
+        for name, nic in current.items():
+            w = self._watched.get(name)
+            if w is not None and w.nic == nic:
+                continue
+            changed = True
+            if w is None:
+                self._watched[name] = _Watched(nic)
+                continue
+            if not nic.present:
+                w.link, w.ifindex = None, 0
+            if nic.rdma_device != w.nic.rdma_device:
+                w.ports = {}
+            w.nic = nic
+        self._inventory_changed = False
+        self._resync = self._resync or changed
+
+    def _observe_link(self, w: _Watched, state: LinkState | None, now: float) -> None:
+        if state is None:
+            w.link, w.ifindex = None, 0
+            return
+        w.ifindex = state.index or w.ifindex
+        if w.link is None:
+            w.link = Debounced(self.debounce, now)
+        fault = link_fault(state)
+        if w.link.observe(fault, now):
+            self.link_transitions += 1
+            if fault is not None:
+                w.link_ifname = state.name or w.nic.ifname
+
+    def _observe_ports(self, w: _Watched, now: float) -> None:
+        ports = self._sysfs_ports(w.nic.rdma_device) if w.nic.rdma_device else {}
+        for port in w.ports.keys() - ports.keys():
+            del w.ports[port]
+        for port, fault in ports.items():
+            d = w.ports.get(port)
+            if d is None:
+                d = w.ports[port] = Debounced(self.debounce, now)
+            if d.observe(fault, now):
+                self.link_transitions += 1
+
+    def _conditions(self, w: _Watched) -> frozenset[Condition]:
+        out = []
+        if w.link is not None and w.link.reported is not None:
+            f = w.link.reported
+            out.append(self._condition(self.link_key, f, f"{w.link_ifname}: {f.reason}", w.link.reported_since_wall))
+        for d in w.ports.values():
+            if d.reported is not None:
+                message = f"{w.nic.rdma_device}: {d.reported.reason}"
+                out.append(self._condition(self.port_key, d.reported, message, d.reported_since_wall))
+        return frozenset(out)
+
+    def _condition(self, key: str, fault: Fault, message: str, since: float) -> Condition:
+        return Condition(key, self.effects[key], fault.value, f"{message} since {_rfc3339(since)}", unhealthy=True)
+
+    def _publish(self, now: float) -> None:
+        wall = self.wall_clock()
+        for name, w in self._watched.items():
+            for d in self._signals(w):
+                d.settle(now, wall)
+            conditions = self._conditions(w)
+            if conditions != w.published:
+                self._set(name, conditions)
+                w.published = conditions
+
+    def _set(self, name: str, conditions: frozenset[Condition]) -> None:
+        self.condition_changes += 1
+        self.inventory.set_conditions(self.source, name, conditions)
+        if conditions:
+            log.warning("NIC %s: %s", name, "; ".join(sorted(c.message for c in conditions)))
+        else:
+            log.info("NIC %s: link and RDMA ports healthy again (or no longer observable)", name)
+
+    def _next_due(self) -> float | None:
+        dues = [t for w in self._watched.values() for d in self._signals(w) if (t := d.due()) is not None]
+        return min(dues, default=None)
+
+    # ----------------------------------------------------------------------------- sysfs
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        self.errors += 1
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _read(self, path: Path) -> str | None:
+        """Contents of a sysfs file; None when it is absent or unreadable (EINVAL: `carrier` of a
+        link that is administratively down)."""
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                self._warn_once(str(path), "cannot read %s: %s", path, e)
+            return None
+
+    def _sysfs_link(self, ifname: str) -> LinkState | None:
+        """A netdev's state from sysfs (the simulated node); None when there is no such netdev."""
+        net = self.sysfs_root / "class/net" / ifname
+        operstate = self._read(net / "operstate")
+        if operstate is None:
+            return None
+        try:
+            flags = int(self._read(net / "flags") or "0x1", 0)
+            index = int(self._read(net / "ifindex") or "0")
+            carrier_text = self._read(net / "carrier")
+            carrier = int(carrier_text) == 1 if carrier_text is not None else None
+        except ValueError as e:
+            self._warn_once(str(net), "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
+            return None
+        admin_up = bool(flags & netlink.IFF_UP)
+        if carrier is None:  # the kernel refuses to say while the link is administratively down
+            carrier = False if not admin_up else operstate.lower() not in BAD_OPERSTATES
+        return LinkState(index, ifname, operstate.lower(), admin_up, carrier)
+
+    def _sysfs_ports(self, rdma_device: str) -> dict[int, Fault | None]:
+        """Each readable port of an RDMA device with its fault; ports sysfs does not show, or
+        shows in a form we cannot read, are left out (unobservable)."""
+        out: dict[int, Fault | None] = {}
+        for port_dir in sorted((self.sysfs_root / "class/infiniband" / rdma_device / "ports").glob("*")):
+            if not port_dir.name.isdigit():
+                continue
+            port = int(port_dir.name)
+            state = self._port_state(port_dir / "state")
+            if state is None:
+                continue
+            phys_text = self._read(port_dir / "phys_state")
+            phys = self._port_state(port_dir / "phys_state") if phys_text is not None else None
+            out[port] = port_fault(port, state, phys)
+        return out
+
+    def _port_state(self, path: Path) -> str | None:
+        """`4: ACTIVE` -> `ACTIVE`; None (and a warning, once) for a file in another form."""
+        text = self._read(path)
+        if text is None:
+            return None
+        m = _PORT_STATE.match(text)
+        if m is None:
+            self._warn_once(str(path), "%s: not a port state (%r), not judged", path, text[:40])
+            return None
+        return m.group(2)
+
+    # ----------------------------------------------------------------------------- thread
+
+    def _open_socket(self, now: float) -> None:
+        try:
+            self._sock = netlink.open_event_socket(self.netns, groups=netlink.RTMGRP_LINK)
+        except OSError as e:
+            self.errors += 1
+            delay = self._retry.next()
+            where = f"network namespace {self.netns!r}" if self.netns else "the driver's network namespace"
+            log.error("cannot subscribe to link events of %s: %s; retrying in %.1fs", where, e, delay)
+            self._reopen_at = now + delay
+            return
+        self._reopen_at = None
+        self._retry.reset()
+
+    def _close_socket(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def _drain_socket(self, sock: socket.socket, now: float) -> tuple[list[LinkEvent], bool]:
+        """(link events read, whether a full re-read is needed: the kernel dropped events)."""
+        events: list[LinkEvent] = []
+        while True:
+            try:
+                data = sock.recv(1 << 16)
+            except BlockingIOError:
+                return events, False
+            except OSError as e:
+                self.errors += 1
+                if e.errno == errno.ENOBUFS:
+                    log.info("link event socket overflowed; re-reading link state")
+                    return events, True
+                delay = self._retry.next()
+                log.error("link event socket failed: %s; re-subscribing in %.1fs", e, delay)
+                self._close_socket()
+                self._reopen_at = now + delay
+                return events, True
+            events.extend(netlink.parse_link_events(data))
+
+    def _drain_wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):
+            while os.read(self._wake_r, 4096):
+                pass
+
+    def _run(self) -> None:
+        next_poll = self.clock()  # the first round reads everything at once
+        failures = Retry(self._retry.policy)
+        while not self._stopping.is_set():
+            try:
+                next_poll = self._round(next_poll)
+                failures.reset()
+            except Exception:  # the monitor must outlive any one failure
+                self.errors += 1
+                delay = failures.next()
+                log.exception("NIC health round failed; next try in %.1fs", delay)
+                next_poll = self.clock() + delay
+                self._stopping.wait(delay)
+
+    def _round(self, next_poll: float) -> float:
+        """One wait-and-handle step of the thread; returns when the next full poll is due."""
+        now = self.clock()
+        with self._lock:
+            due = self._next_due()
+        deadlines = [next_poll] + ([due] if due is not None else [])
+        if self._reopen_at is not None:
+            deadlines.append(self._reopen_at)
+        readers: list[int | socket.socket] = [self._wake_r] + ([self._sock] if self._sock is not None else [])
+        ready, _, _ = select.select(readers, [], [], max(0.0, min(deadlines) - now))
+        if self._stopping.is_set():
+            return next_poll
+        now = self.clock()
+        if self._wake_r in ready:
+            self._drain_wake()
+        if self._sock is not None and self._sock in ready:
+            events, dropped = self._drain_socket(self._sock, now)
+            self._resync = self._resync or dropped
+            if events:
+                self.observe_events(events)
+        if self._reopen_at is not None and now >= self._reopen_at:
+            self._open_socket(now)
+            self._resync = self._resync or self._sock is not None
+        with self._lock:
+            if self._inventory_changed:
+                self._refresh()
+            if self._resync or now >= next_poll:
+                self.poll()
+                return self.clock() + self.poll_period
+            self._publish(now)
+        return next_poll

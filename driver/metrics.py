@@ -1,0 +1,206 @@
+"""Prometheus metrics: kubelet calls, device health and taints, slice publishing, health events.
+
+Call metrics are ordinary counters and a histogram, updated by whoever times the kubelet's
+calls. Everything that already has a home (the inventory, the publisher's counters, the health
+sources' counters) is read at scrape time by a custom collector instead of being copied into
+metric objects, so there is no second copy of device state that could drift (design.md: the
+inventory is the one place that knows the devices). Each Metrics has its own registry so that
+tests, and two daemons in one process, never share series.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from wsgiref.simple_server import WSGIServer
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+    start_http_server,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from driver.inventory import Inventory
+from driver.model import DeviceKind, Health
+
+log = logging.getLogger(__name__)
+
+OPS = ("prepare", "unprepare")
+# From a cached claim (milliseconds) to a GET, SSA and MIG work near the kubelet's 45 s timeout.
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 45.0)
+
+# PublisherStats attribute -> (metric name without _total, help).
+_SLICE_COUNTERS = {
+    "syncs": ("tandem_slice_syncs", "Times the publisher compared the desired slices with the live ones."),
+    "errors": ("tandem_slice_errors", "Failed slice syncs (each is retried with backoff)."),
+    "watch_restarts": ("tandem_slice_watch_restarts", "Times the slice watch was opened again."),
+    "skipped_devices": ("tandem_slice_skipped_devices", "Devices left out because the API cannot represent them."),
+}
+_SLICE_WRITES = {"creates": "create", "updates": "update", "deletes": "delete"}
+
+_LISTEN = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+class _ScrapeCollector(Collector):
+    """Reads the inventory and the stats callables on every scrape.
+
+    A failing source loses only its own families for that scrape: a broken publisher must not
+    hide device health from the SRE looking at it.
+    """
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        publisher_stats: Callable[[], object] | None,
+        health_counters: Callable[[], Mapping[str, int]] | None,
+    ) -> None:
+        self._inventory = inventory
+        self._publisher_stats = publisher_stats
+        self._health_counters = health_counters
+
+    def collect(self) -> Iterator[Metric]:
+        for name, part in (
+            ("inventory", self._inventory_families),
+            ("slice publisher", self._slice_families),
+            ("health counters", self._health_families),
+        ):
+            try:
+                families = list(part())
+            except Exception:
+                log.exception("metrics: cannot read the %s", name)
+                continue
+            yield from families
+
+    def _inventory_families(self) -> Iterator[Metric]:
+        devices = self._inventory.devices()
+        health = GaugeMetricFamily(
+            "tandem_device_health",
+            "1 for the device's current health state (Healthy, Unhealthy, Unknown), 0 for the others.",
+            labels=["device", "kind", "state"],
+        )
+        taints = GaugeMetricFamily(
+            "tandem_device_taints",
+            "1 for each taint the device is published with.",
+            labels=["device", "key", "value", "effect"],
+        )
+        counts = dict.fromkeys(DeviceKind, 0)
+        for d in devices:
+            counts[d.kind] += 1
+            for state in Health:
+                health.add_metric([d.name, d.kind.value, state.value], 1.0 if d.health == state else 0.0)
+            for t in d.taints:
+                taints.add_metric([d.name, t.key, t.value, t.effect.value], 1.0)
+        total = GaugeMetricFamily("tandem_devices", "Devices in the inventory, by kind.", labels=["kind"])
+        for kind, n in counts.items():
+            total.add_metric([kind.value], float(n))
+        yield from (total, health, taints)
+
+    def _slice_families(self) -> Iterator[Metric]:
+        if self._publisher_stats is None:
+            return
+        stats = self._publisher_stats()
+        writes = CounterMetricFamily(
+            "tandem_slice_writes", "ResourceSlice writes to the API server, by operation.", labels=["op"]
+        )
+        for attr, op in _SLICE_WRITES.items():
+            writes.add_metric([op], float(getattr(stats, attr)))
+        yield writes
+        for attr, (name, doc) in _SLICE_COUNTERS.items():
+            yield CounterMetricFamily(name, doc, value=float(getattr(stats, attr)))
+
+    def _health_families(self) -> Iterator[Metric]:
+        if self._health_counters is None:
+            return
+        events = CounterMetricFamily(
+            "tandem_health_events",
+            "Events seen by the health sources (NVML, netlink, ...), by source and event.",
+            labels=["source_event"],
+        )
+        for name, value in sorted(self._health_counters().items()):
+            events.add_metric([name], float(value))
+        yield events
+
+
+@dataclass
+class MetricsServer:
+    """The HTTP endpoint; `port` is the bound one (useful with port 0)."""
+
+    httpd: WSGIServer
+    thread: threading.Thread
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_address[1])
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join(timeout=5.0)
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """HOST:PORT (HOST may be empty for all interfaces, or a bracketed IPv6 address)."""
+    m = _LISTEN.match(address)
+    if m is None or int(m["port"]) > 65535:
+        raise ValueError(f"metrics address {address!r} must be HOST:PORT")
+    host = m["host"].strip("[]") or "0.0.0.0"
+    return host, int(m["port"])
+
+
+class Metrics:
+    def __init__(
+        self,
+        inventory: Inventory,
+        *,
+        publisher_stats: Callable[[], object] | None = None,
+        health_counters: Callable[[], Mapping[str, int]] | None = None,
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._calls = Counter(
+            "tandem_node_calls", "NodePrepareResources / NodeUnprepareResources calls.", ["op"], registry=self.registry
+        )
+        self._claims = Counter(
+            "tandem_node_claims", "Claims in those calls, by outcome.", ["op", "result"], registry=self.registry
+        )
+        self._seconds = Histogram(
+            "tandem_node_call_seconds",
+            "Duration of NodePrepareResources / NodeUnprepareResources calls.",
+            ["op"],
+            buckets=CALL_BUCKETS,
+            registry=self.registry,
+        )
+        # Series exist from the start, so rate() and alerts see a 0 before the first call.
+        for op in OPS:
+            self._calls.labels(op)
+            self._seconds.labels(op)
+            for result in ("ok", "error"):
+                self._claims.labels(op, result)
+        self.registry.register(_ScrapeCollector(inventory, publisher_stats, health_counters))
+        ProcessCollector(registry=self.registry)
+
+    def observe(self, op: str, seconds: float, claims: int, errors: int) -> None:
+        """One kubelet call of `op` that took `seconds` for `claims` claims, `errors` of which failed."""
+        errors = min(max(errors, 0), max(claims, 0))
+        self._calls.labels(op).inc()
+        self._claims.labels(op, "ok").inc(max(claims, 0) - errors)
+        self._claims.labels(op, "error").inc(errors)
+        self._seconds.labels(op).observe(max(seconds, 0.0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def serve(self, address: str) -> MetricsServer:
+        """Serves /metrics on HOST:PORT in a daemon thread; stop() the result on shutdown."""
+        host, port = parse_address(address)
+        httpd, thread = start_http_server(port, addr=host, registry=self.registry)
+        server = MetricsServer(httpd, thread)
+        log.info("serving metrics on %s:%d", host, server.port)
+        return server

@@ -1,0 +1,311 @@
+"""The daemon's local status endpoint: HTTP/1.1 + JSON on a root-only Unix socket in its data dir.
+
+`tandemctl` asks here instead of rediscovering, so it shows exactly what the daemon acts on, and
+`curl --unix-socket <data dir>/status.sock http://localhost/health` works without it. Access
+control is the file mode: the socket is 0600 and root's, and it is never reachable under its
+public name with any other mode (it is bound in a private directory, then renamed into place).
+
+During a rolling update two instances share the data dir: the newer one takes the name over,
+and an instance only removes the socket on stop if the name still points at its own.
+
+Endpoints: GET /devices, /claims, /health; POST /cordon {"device", "reason", "by"},
+POST /uncordon {"device"}. Errors are {"error": "..."} with a 4xx/5xx status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import socket
+import socketserver
+import stat
+import struct
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler
+from pathlib import Path
+from typing import Any
+
+from driver.checkpoint import ClaimRecord
+from driver.health.cordon import CordonError, CordonStore, UnknownDevice
+from driver.inventory import Inventory
+from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, Health, Version
+
+log = logging.getLogger(__name__)
+
+SOCKET_NAME = "status.sock"
+UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
+MAX_BODY = 64 * 1024
+REQUEST_TIMEOUT = 10.0  # seconds a client may take to send its request
+
+
+def status_socket_path(data_dir: Path) -> Path:
+    return data_dir / SOCKET_NAME
+
+
+class RequestError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _json_value(value: AttrValue | None) -> Any:
+    if isinstance(value, Version):
+        return value.value
+    if isinstance(value, tuple):
+        return [_json_value(v) for v in value]
+    return value
+
+
+def device_json(device: Device, claims: list[str]) -> dict[str, Any]:
+    attrs = device.attributes
+    return {
+        "name": device.name,
+        "kind": str(device.kind),
+        "model": _json_value(attrs.get("productName") or attrs.get("ifName") or ""),
+        "numaNode": _json_value(attrs.get(NUMA_NODE)),
+        "pcieRoot": _json_value(attrs.get(PCIE_ROOT)),
+        "pciBusID": _json_value(attrs.get(PCI_BUS_ID)),
+        "health": str(device.health),
+        "healthMessage": device.health_message,
+        "taints": [{"key": t.key, "value": t.value, "effect": str(t.effect)} for t in device.taints],
+        "claims": claims,
+    }
+
+
+def claims_by_device(prepared: dict[str, ClaimRecord]) -> dict[str, list[str]]:
+    out: dict[str, list[str]] = {}
+    for claim in sorted(prepared.values(), key=lambda c: (c.namespace, c.name)):
+        for d in claim.devices:
+            names = out.setdefault(d.device, [])
+            if f"{claim.namespace}/{claim.name}" not in names:
+                names.append(f"{claim.namespace}/{claim.name}")
+    return out
+
+
+class StatusServer:
+    def __init__(
+        self,
+        socket_path: Path,
+        inventory: Inventory,
+        prepared: Callable[[], dict[str, ClaimRecord]],
+        cordons: CordonStore,
+        info: Callable[[], dict[str, Any]],
+    ) -> None:
+        """`info()` adds daemon facts to /health; a list of strings under its "problems" key makes the node degraded."""
+        self.socket_path = socket_path
+        self._inventory = inventory
+        self._prepared = prepared
+        self._cordons = cordons
+        self._info = info
+        self._server: _UnixHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the socket we bound
+
+    # --- endpoints -------------------------------------------------------------------------------
+
+    def devices(self) -> dict[str, Any]:
+        by_device = claims_by_device(self._prepared())
+        return {"devices": [device_json(d, by_device.get(d.name, [])) for d in self._inventory.devices()]}
+
+    def claims(self) -> dict[str, Any]:
+        prepared = sorted(self._prepared().items(), key=lambda kv: (kv[1].namespace, kv[1].name))
+        return {"claims": [{"uid": uid, **c.to_json()} for uid, c in prepared]}
+
+    def health(self) -> dict[str, Any]:
+        devices = self._inventory.devices()
+        counts = Counter(d.health for d in devices)
+        unhealthy = [{"device": d.name, "reason": d.health_message} for d in devices if d.health != Health.HEALTHY]
+        present = {d.name for d in devices}
+        cordoned = [{**c.to_json(), "present": c.device in present} for c in self._cordons.list()]
+        reasons = []
+        if not devices:
+            reasons.append("no devices discovered")
+        if unhealthy:
+            reasons.append(f"{len(unhealthy)} device(s) not healthy: {', '.join(u['device'] for u in unhealthy)}")
+        try:
+            info = dict(self._info())
+        except Exception as e:
+            log.exception("status info failed")
+            info = {}
+            reasons.append(f"daemon status unavailable: {e}")
+        problems = info.get("problems") or []
+        reasons.extend(str(p) for p in (problems if isinstance(problems, list) else [problems]))
+        return {
+            "status": "degraded" if reasons else "healthy",
+            "reasons": reasons,
+            "devices": {
+                "total": len(devices),
+                **{h: counts.get(h, 0) for h in (Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN)},
+            },
+            "unhealthy": unhealthy,
+            "cordoned": cordoned,
+            "daemon": info,
+        }
+
+    def cordon(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+        device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
+        c = self._cordons.cordon(device, reason, by or peer)
+        log.info("cordon of %s requested through the status socket by %s", device, peer)
+        return {"cordon": c.to_json()}
+
+    def uncordon(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+        device = _field(body, "device")
+        changed = self._cordons.uncordon(device)
+        log.info("uncordon of %s requested through the status socket by %s (changed=%s)", device, peer, changed)
+        return {"device": device, "changed": changed}
+
+    def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> dict[str, Any]:
+        """Routes one request; raises RequestError for anything the client got wrong."""
+        gets = {"/devices": self.devices, "/claims": self.claims, "/health": self.health}
+        posts = {"/cordon": self.cordon, "/uncordon": self.uncordon}
+        path = path.split("?", 1)[0].rstrip("/") or "/"
+        if method == "GET" and path in gets:
+            return gets[path]()
+        if method == "POST" and path in posts:
+            try:
+                return posts[path](body or {}, peer)
+            except UnknownDevice as e:
+                raise RequestError(HTTPStatus.NOT_FOUND, str(e)) from e
+            except CordonError as e:
+                raise RequestError(HTTPStatus.BAD_REQUEST, str(e)) from e
+        if path in gets or path in posts:
+            raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}")
+        raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path}; try /devices, /claims, /health")
+
+    # --- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        path = self.socket_path
+        if len(str(path).encode()) > UNIX_PATH_MAX:
+            raise RuntimeError(f"status socket path {path} is over the {UNIX_PATH_MAX}-byte limit of Unix sockets")
+        with contextlib.suppress(FileNotFoundError):
+            if not stat.S_ISSOCK(path.lstat().st_mode):
+                raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
+        self._server = _UnixHTTPServer(self)
+        private = Path(tempfile.mkdtemp(dir=path.parent, prefix=".st-"))  # mode 0700
+        try:
+            staged = private / "s"
+            if len(str(staged).encode()) > UNIX_PATH_MAX:
+                raise RuntimeError(f"{path.parent} is too long a path for Unix sockets ({UNIX_PATH_MAX} bytes)")
+            self._server.socket.bind(str(staged))
+            os.chmod(staged, 0o600)
+            os.replace(staged, path)  # replaces a stale socket atomically
+        except BaseException:
+            self._server.server_close()
+            raise
+        finally:
+            with contextlib.suppress(OSError):
+                (private / "s").unlink()
+            private.rmdir()
+        st = path.lstat()
+        self._identity = (st.st_dev, st.st_ino)
+        self._server.server_activate()
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.1,), name="status-socket", daemon=True
+        )
+        self._thread.start()
+        log.info("status endpoint on %s", path)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        with contextlib.suppress(FileNotFoundError):
+            st = self.socket_path.lstat()
+            if (st.st_dev, st.st_ino) == self._identity:
+                self.socket_path.unlink()
+        self._server = None
+
+
+def _field(body: dict[str, Any], key: str) -> str:
+    value = body.get(key, "")
+    if not isinstance(value, str):
+        raise CordonError(f"{key!r} must be a string")
+    return value
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+    def __init__(self, status: StatusServer) -> None:
+        # Bound by StatusServer.start, so the socket never has its public name with a wider mode.
+        super().__init__("", _Handler, bind_and_activate=False)
+        self.status = status
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "tandem-status"
+    timeout = REQUEST_TIMEOUT
+    server: _UnixHTTPServer
+
+    def do_GET(self) -> None:
+        self._serve(None)
+
+    def do_POST(self) -> None:
+        try:
+            body = self._read_body()
+        except RequestError as e:
+            self._reply(e.status, {"error": str(e)})
+            return
+        self._serve(body)
+
+    def _read_body(self) -> dict[str, Any]:
+        if self.headers.get("Transfer-Encoding"):
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "send the body with a Content-Length")
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+        except ValueError as e:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "bad Content-Length") from e
+        if length < 0 or length > MAX_BODY:
+            raise RequestError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"body over {MAX_BODY} bytes")
+        try:
+            body = json.loads(self.rfile.read(length) or b"{}")
+        except (ValueError, UnicodeDecodeError) as e:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {e}") from e
+        if not isinstance(body, dict):
+            raise RequestError(HTTPStatus.BAD_REQUEST, "body must be a JSON object")
+        return body
+
+    def _serve(self, body: dict[str, Any] | None) -> None:
+        try:
+            payload = self.server.status.handle(self.command, self.path, body, self._peer())
+        except RequestError as e:
+            self._reply(e.status, {"error": str(e)})
+        except Exception as e:
+            log.exception("status endpoint %s %s failed", self.command, self.path)
+            self._reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": f"internal error: {e}"})
+        else:
+            self._reply(HTTPStatus.OK, payload)
+
+    def _peer(self) -> str:
+        """Who is asking, from the kernel (SO_PEERCRED), for the audit log and a cordon's default author."""
+        try:
+            creds = self.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        except OSError:
+            return "unknown"
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        return f"uid {uid}"
+
+    def _reply(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload, indent=1).encode() + b"\n"
+        self.close_connection = True  # one request per connection: no idle threads held by clients
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # The default writes to stderr and indexes client_address, which is "" for Unix sockets.
+        log.debug("status socket: " + format, *args)

@@ -1,0 +1,151 @@
+"""Device health end to end, with the daemon as a real process.
+
+An XID injected through the simulated NVML, a NIC link taken down in the simulated sysfs and a
+manual cordon each turn into a taint in the published ResourceSlice, a health-stream snapshot
+for the kubelet and `tandemctl` output, and each clears again.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from driver.demo import DRIVER
+from driver.sim.kubelet import ClaimRef, KubeletSim
+from driver.sim.nvml import append_event
+from driver.sim.profile import h100_node
+from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+
+XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
+
+
+def _poll(predicate, timeout: float = 30) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return predicate()
+
+
+def _taints(apiserver, node, device: str) -> list[dict]:
+    for d in published_devices(apiserver, DRIVER, node.profile.name):
+        if d["name"] == device:
+            return d.get("taints") or []
+    return []
+
+
+def _ctl(node, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-c", "import sys; from driver.cli import ctl_main; sys.exit(ctl_main())"]
+    cmd += ["--kubelet-plugins-dir", str(node.plugins), *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def running(apiserver, sim_node, start_daemon):
+    node = sim_node(h100_node("node-h", gpus=2, nics=2))
+    port = _free_port()
+    daemon = start_daemon(
+        node, "--health-quiet-period", "3", "--link-debounce", "0.3", "--metrics-address", f"127.0.0.1:{port}"
+    )
+    kubelet = KubeletSim(node.registry)
+    kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
+    assert apiserver.wait_for(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) >= 4, 60)
+    yield node, daemon, kubelet, port
+    kubelet.close()
+
+
+def test_xid_taints_the_gpu_everywhere_and_clears_after_the_quiet_period(apiserver, running):
+    node, daemon, kubelet, _ = running
+    gpu = node.profile.gpus[1]
+    watch = kubelet.watch_health("v1")
+    first = watch.next(timeout=30)
+    assert {r.device for r in first} >= {"gpu-0", "gpu-1"} and all(r.health == "HEALTHY" for r in first)
+
+    append_event(node.root / "nvml-state.json", gpu.uuid, XID_EVENT, 79)  # fallen off the bus: reset needed
+    assert _poll(lambda: any(t["key"] == "tandem.dev/xid" for t in _taints(apiserver, node, "gpu-1"))), (
+        daemon.log_text()
+    )
+    taint = next(t for t in _taints(apiserver, node, "gpu-1") if t["key"] == "tandem.dev/xid")
+    assert (taint["value"], taint["effect"]) == ("79", "NoExecute")
+    assert _taints(apiserver, node, "gpu-0") == [], "one GPU's XID must not taint the others"
+
+    snap = watch.wait_for(lambda s: any(r.device == "gpu-1" and r.health == "UNHEALTHY" for r in s), timeout=30)
+    bad = next(r for r in snap if r.device == "gpu-1")
+    assert "79" in bad.message
+    health = _ctl(node, "health")
+    assert health.returncode == 1 and "gpu-1" in health.stdout
+    devices = json.loads(_ctl(node, "devices", "--json").stdout)["devices"]
+    assert any(t["key"] == "tandem.dev/xid" for d in devices if d["name"] == "gpu-1" for t in d["taints"])
+
+    # No new XID for the quiet period: the taint and the unhealthy status go away without a restart.
+    assert _poll(lambda: _taints(apiserver, node, "gpu-1") == [], timeout=30), daemon.log_text()
+    watch.wait_for(lambda s: all(r.health == "HEALTHY" for r in s), timeout=30)
+    assert _ctl(node, "health").returncode == 0
+    watch.cancel()
+
+
+def test_application_xid_is_informational(apiserver, running):
+    node, daemon, _, _ = running
+    append_event(node.root / "nvml-state.json", node.profile.gpus[0].uuid, XID_EVENT, 13)
+    assert _poll(lambda: _taints(apiserver, node, "gpu-0") != []), daemon.log_text()
+    assert _taints(apiserver, node, "gpu-0")[0]["effect"] == "None"
+    assert _ctl(node, "health").returncode == 0, "an application error leaves the GPU healthy"
+
+
+def test_nic_link_down_in_sysfs_taints_and_recovers(apiserver, running):
+    node, daemon, _, _ = running
+    nic = node.profile.nics[0]
+    name = "pci-" + nic.pci_address.replace(":", "-").replace(".", "-")
+    operstate = node.sysfs / "class/net" / nic.ifname / "operstate"
+    carrier = node.sysfs / "class/net" / nic.ifname / "carrier"
+    operstate.write_text("down\n")
+    carrier.write_text("0\n")
+    assert _poll(lambda: any(t["key"] == "tandem.dev/link-down" for t in _taints(apiserver, node, name)), 30), (
+        daemon.log_text()
+    )
+    operstate.write_text("up\n")
+    carrier.write_text("1\n")
+    assert _poll(lambda: _taints(apiserver, node, name) == [], 30), daemon.log_text()
+
+
+def test_cordon_survives_a_restart_and_uncordon_clears_it(apiserver, running, start_daemon):
+    node, daemon, kubelet, _ = running
+    out = _ctl(node, "cordon", "gpu-0", "--reason", "fan replacement")
+    assert out.returncode == 0, out.stderr
+    assert _poll(lambda: any(t["key"] == "tandem.dev/cordoned" for t in _taints(apiserver, node, "gpu-0")))
+    assert daemon.stop() == 0
+    restarted = start_daemon(node)
+    kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
+    assert _poll(lambda: _ctl(node, "devices").returncode == 0, 60), restarted.log_text()
+    devices = json.loads(_ctl(node, "devices", "--json").stdout)["devices"]
+    assert [t["key"] for d in devices if d["name"] == "gpu-0" for t in d["taints"]] == ["tandem.dev/cordoned"]
+    assert _ctl(node, "uncordon", "gpu-0").returncode == 0
+    assert _poll(lambda: _taints(apiserver, node, "gpu-0") == [])
+
+
+def test_metrics_count_prepares_and_show_device_health(apiserver, running):
+    node, _, kubelet, port = running
+    req = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
+    claim = apiserver.create(claim_object("default", "m1", [req]))
+    allocate(apiserver, claim, DRIVER, node.profile.name, [req])
+    ref = ClaimRef("default", "m1", claim["metadata"]["uid"])
+    assert kubelet.prepare([ref])[ref.uid].error == ""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'tandem_node_calls_total{op="prepare"} 1.0' in text
+    assert 'tandem_device_health{device="gpu-0",kind="gpu",state="Healthy"} 1.0' in text
+    assert "tandem_slice_writes_total" in text
+    claims = json.loads(_ctl(node, "claims", "--json").stdout)
+    assert ref.uid in json.dumps(claims)

@@ -1,0 +1,180 @@
+"""Prometheus metrics: call counters, inventory-driven gauges, publisher and health-source counters."""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from driver.inventory import Inventory
+from driver.metrics import Metrics, parse_address
+from driver.model import Condition, Device, DeviceKind, TaintEffect
+
+XID = Condition("tandem.dev/xid", TaintEffect.NO_SCHEDULE, "79", "XID 79: GPU fell off the bus")
+APP_XID = Condition("tandem.dev/xid", TaintEffect.NONE, "13", "XID 13", unhealthy=False)
+
+
+@dataclass
+class FakeStats:
+    """The attributes of driver.slices.PublisherStats."""
+
+    syncs: int = 0
+    writes: int = 0
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+    errors: int = 0
+    watch_restarts: int = 0
+    skipped_devices: int = 0
+
+
+def _inventory() -> Inventory:
+    inv = Inventory()
+    inv.replace("gpu", [Device("gpu-0", DeviceKind.GPU), Device("gpu-1", DeviceKind.GPU)])
+    inv.replace("nic", [Device("nic-0", DeviceKind.NIC)])
+    return inv
+
+
+def _samples(metrics: Metrics) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of the text exposition, keyed by name and labels (parses what a scraper sees)."""
+    out = {}
+    for family in text_string_to_metric_families(metrics.render().decode()):
+        for s in family.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def _get(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def test_observe_counts_calls_claims_and_durations():
+    m = Metrics(_inventory())
+    m.observe("prepare", 0.02, claims=3, errors=1)
+    m.observe("prepare", 2.0, claims=1, errors=0)
+    m.observe("unprepare", 0.001, claims=2, errors=2)
+    s = _samples(m)
+    assert _get(s, "tandem_node_calls_total", op="prepare") == 2
+    assert _get(s, "tandem_node_calls_total", op="unprepare") == 1
+    assert _get(s, "tandem_node_claims_total", op="prepare", result="ok") == 3
+    assert _get(s, "tandem_node_claims_total", op="prepare", result="error") == 1
+    assert _get(s, "tandem_node_claims_total", op="unprepare", result="ok") == 0
+    assert _get(s, "tandem_node_claims_total", op="unprepare", result="error") == 2
+    assert _get(s, "tandem_node_call_seconds_count", op="prepare") == 2
+    assert _get(s, "tandem_node_call_seconds_sum", op="prepare") == pytest.approx(2.02)
+    assert _get(s, "tandem_node_call_seconds_bucket", op="prepare", le="0.025") == 1
+    assert _get(s, "tandem_node_call_seconds_bucket", op="prepare", le="2.5") == 2
+
+
+def test_call_series_exist_before_the_first_call():
+    s = _samples(Metrics(_inventory()))
+    for op in ("prepare", "unprepare"):
+        assert _get(s, "tandem_node_calls_total", op=op) == 0
+        assert _get(s, "tandem_node_claims_total", op=op, result="error") == 0
+        assert _get(s, "tandem_node_call_seconds_count", op=op) == 0
+
+
+def test_more_errors_than_claims_never_makes_a_counter_go_negative():
+    m = Metrics(_inventory())
+    m.observe("prepare", 0.1, claims=1, errors=5)
+    s = _samples(m)
+    assert _get(s, "tandem_node_claims_total", op="prepare", result="ok") == 0
+    assert _get(s, "tandem_node_claims_total", op="prepare", result="error") == 1
+
+
+def test_device_gauges_follow_the_inventory():
+    inv = _inventory()
+    m = Metrics(inv)
+    s = _samples(m)
+    assert _get(s, "tandem_devices", kind="gpu") == 2
+    assert _get(s, "tandem_devices", kind="nic") == 1
+    assert _get(s, "tandem_devices", kind="mig") == 0
+    assert _get(s, "tandem_device_health", device="gpu-0", kind="gpu", state="Healthy") == 1
+    assert _get(s, "tandem_device_health", device="gpu-0", kind="gpu", state="Unhealthy") == 0
+    assert not [k for k in s if k[0] == "tandem_device_taints"]
+
+    inv.set_conditions("nvml", "gpu-0", [XID, APP_XID])
+    inv.replace("nic", [])
+    s = _samples(m)
+    assert _get(s, "tandem_devices", kind="nic") == 0
+    assert _get(s, "tandem_device_health", device="gpu-0", kind="gpu", state="Healthy") == 0
+    assert _get(s, "tandem_device_health", device="gpu-0", kind="gpu", state="Unhealthy") == 1
+    assert _get(s, "tandem_device_health", device="nic-0", kind="nic", state="Healthy") is None
+    taints = {dict(k[1])["value"]: v for k, v in s.items() if k[0] == "tandem_device_taints"}
+    assert taints == {"79": 1, "13": 1}
+    assert _get(s, "tandem_device_taints", device="gpu-0", key="tandem.dev/xid", value="79", effect="NoSchedule") == 1
+
+    inv.set_conditions("nvml", "gpu-0", [])
+    s = _samples(m)
+    assert _get(s, "tandem_device_health", device="gpu-0", kind="gpu", state="Healthy") == 1
+    assert not [k for k in s if k[0] == "tandem_device_taints"]
+
+
+def test_publisher_stats_surface_as_counters():
+    stats = FakeStats(syncs=7, writes=6, creates=3, updates=2, deletes=1, errors=4, watch_restarts=5)
+    m = Metrics(_inventory(), publisher_stats=lambda: stats)
+    s = _samples(m)
+    assert _get(s, "tandem_slice_writes_total", op="create") == 3
+    assert _get(s, "tandem_slice_writes_total", op="update") == 2
+    assert _get(s, "tandem_slice_writes_total", op="delete") == 1
+    assert _get(s, "tandem_slice_syncs_total") == 7
+    assert _get(s, "tandem_slice_errors_total") == 4
+    assert _get(s, "tandem_slice_watch_restarts_total") == 5
+    stats.syncs = 8  # read at scrape time, not copied once
+    assert _get(_samples(m), "tandem_slice_syncs_total") == 8
+
+
+def test_health_counters_surface_by_source_event():
+    counters = {"nvml_events_xid": 3, "netlink_events": 10}
+    m = Metrics(_inventory(), health_counters=lambda: counters)
+    s = _samples(m)
+    assert _get(s, "tandem_health_events_total", source_event="nvml_events_xid") == 3
+    assert _get(s, "tandem_health_events_total", source_event="netlink_events") == 10
+
+
+def test_a_failing_source_does_not_hide_the_others():
+    def broken() -> object:
+        raise RuntimeError("publisher gone")
+
+    s = _samples(Metrics(_inventory(), publisher_stats=broken, health_counters=lambda: {"x": 1}))
+    assert _get(s, "tandem_devices", kind="gpu") == 2
+    assert _get(s, "tandem_health_events_total", source_event="x") == 1
+    assert not [k for k in s if k[0].startswith("tandem_slice_")]
+
+
+def test_two_instances_do_not_share_series():
+    a, b = Metrics(_inventory()), Metrics(_inventory())
+    a.observe("prepare", 0.1, claims=1, errors=0)
+    assert _get(_samples(b), "tandem_node_calls_total", op="prepare") == 0
+
+
+def test_http_endpoint_serves_the_text_format():
+    inv = _inventory()
+    m = Metrics(inv)
+    m.observe("prepare", 0.1, claims=1, errors=0)
+    server = m.serve("127.0.0.1:0")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10) as resp:
+            assert resp.status == 200
+            assert resp.headers["Content-Type"].startswith("text/plain")
+            body = resp.read().decode()
+    finally:
+        server.stop()
+    assert 'tandem_node_calls_total{op="prepare"} 1.0' in body
+    assert 'tandem_devices{kind="gpu"} 2.0' in body
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [("127.0.0.1:8080", ("127.0.0.1", 8080)), (":9090", ("0.0.0.0", 9090)), ("[::1]:80", ("::1", 80))],
+)
+def test_parse_address(address, expected):
+    assert parse_address(address) == expected
+
+
+@pytest.mark.parametrize("address", ["8080", "host:", "h:99999", "a:b:1"])
+def test_parse_address_rejects_garbage(address):
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        parse_address(address)

@@ -1,0 +1,432 @@
+"""The daemon's status socket and `tandemctl` against it, in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from driver import ctl
+from driver.checkpoint import STATE_STARTED, ClaimRecord, DeviceRecord
+from driver.health.cordon import CordonStore
+from driver.inventory import Inventory
+from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, TaintEffect
+from driver.status_socket import MAX_BODY, StatusServer
+
+GPU0 = Device(
+    name="gpu-0",
+    kind=DeviceKind.GPU,
+    attributes={
+        "productName": "NVIDIA H100 80GB HBM3",
+        NUMA_NODE: 0,
+        PCIE_ROOT: "pci0000:15",
+        PCI_BUS_ID: "0000:1b:00.0",
+    },
+)
+GPU1 = Device(
+    name="gpu-1",
+    kind=DeviceKind.GPU,
+    attributes={
+        "productName": "NVIDIA H100 80GB HBM3",
+        NUMA_NODE: 1,
+        PCIE_ROOT: "pci0000:97",
+        PCI_BUS_ID: "0000:9b:00.0",
+    },
+)
+NIC0 = Device(
+    name="nic-0000-1d-00-0",
+    kind=DeviceKind.NIC,
+    attributes={"ifName": "ens1f0np0", NUMA_NODE: 0, PCIE_ROOT: "pci0000:15", PCI_BUS_ID: "0000:1d:00.0"},
+)
+XID = Condition("tandem.dev/xid", TaintEffect.NO_EXECUTE, "79", message="XID 79: GPU has fallen off the bus")
+
+
+@dataclass
+class Node:
+    sock: Path
+    plugins_dir: Path
+    inventory: Inventory
+    server: StatusServer
+    prepared: dict[str, ClaimRecord] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def get(self, path: str) -> tuple[int, Any]:
+        return ctl.request(self.sock, "GET", path, None, timeout=5)
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+        return ctl.request(self.sock, "POST", path, body, timeout=5)
+
+    def ctl(self, *args: str) -> int:
+        return ctl.main(["--socket", str(self.sock), *args])
+
+    def taints(self, device: str) -> list[dict[str, str]]:
+        _, doc = self.get("/devices")
+        return next(d["taints"] for d in doc["devices"] if d["name"] == device)
+
+
+@pytest.fixture
+def tmp_short() -> Iterator[Path]:
+    """Unix socket paths are limited to 107 bytes; pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="td-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def node(tmp_short: Path) -> Iterator[Node]:
+    data_dir = tmp_short / "tandem.dev"
+    data_dir.mkdir()
+    inv = Inventory()
+    inv.replace("gpu", [GPU0, GPU1])
+    inv.replace("nic", [NIC0])
+    prepared: dict[str, ClaimRecord] = {}
+    info: dict[str, Any] = {}
+    cordons = CordonStore(data_dir, inv)
+    cordons.load()
+    server = StatusServer(data_dir / "status.sock", inv, lambda: prepared, cordons, lambda: info)
+    server.start()
+    yield Node(data_dir / "status.sock", tmp_short, inv, server, prepared, info)
+    server.stop()
+
+
+def _claim(ns: str, name: str, *devices: str, state: str = "PrepareCompleted") -> ClaimRecord:
+    recs = tuple(DeviceRecord(request_names=("r",), pool="node-a", device=d) for d in devices)
+    return ClaimRecord(namespace=ns, name=name, uid=f"uid-{name}", state=state, devices=recs)
+
+
+# --- the endpoint ------------------------------------------------------------------------------
+
+
+def test_socket_is_root_only(node: Node) -> None:
+    st = node.sock.lstat()
+    assert stat.S_ISSOCK(st.st_mode)
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    assert list(node.sock.parent.glob(".st-*")) == []  # the private bind dir is gone
+
+
+def test_speaks_plain_http_1_1(node: Node) -> None:
+    """So `curl --unix-socket` works without tandemctl."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(node.sock))
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert b"content-type: application/json" in head.lower()
+    assert json.loads(body)["status"] == "healthy"
+
+
+def test_devices(node: Node) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0")
+    node.prepared["u2"] = _claim("ml", "eval", "gpu-0")
+    node.inventory.set_conditions("gpu", "gpu-1", [XID])
+    status, doc = node.get("/devices")
+    assert status == 200
+    by_name = {d["name"]: d for d in doc["devices"]}
+    assert list(by_name) == ["gpu-0", "gpu-1", "nic-0000-1d-00-0"]
+    assert by_name["gpu-0"] == {
+        "name": "gpu-0",
+        "kind": "gpu",
+        "model": "NVIDIA H100 80GB HBM3",
+        "numaNode": 0,
+        "pcieRoot": "pci0000:15",
+        "pciBusID": "0000:1b:00.0",
+        "health": "Healthy",
+        "healthMessage": "",
+        "taints": [],
+        "claims": ["ml/eval", "ml/train"],
+    }
+    assert by_name["gpu-1"]["health"] == "Unhealthy"
+    assert by_name["gpu-1"]["healthMessage"] == XID.message
+    assert by_name["gpu-1"]["taints"] == [{"key": "tandem.dev/xid", "value": "79", "effect": "NoExecute"}]
+    assert by_name["nic-0000-1d-00-0"]["model"] == "ens1f0np0"
+    assert by_name["nic-0000-1d-00-0"]["claims"] == ["ml/train"]
+
+
+def test_claims(node: Node) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0")
+    node.prepared["u0"] = _claim("dev", "half", "gpu-1", state=STATE_STARTED)
+    status, doc = node.get("/claims")
+    assert status == 200
+    assert [(c["uid"], c["namespace"], c["name"], c["state"]) for c in doc["claims"]] == [
+        ("u0", "dev", "half", STATE_STARTED),
+        ("u1", "ml", "train", "PrepareCompleted"),
+    ]
+    assert doc["claims"][1]["devices"] == [{"requestNames": ["r"], "pool": "node-a", "device": "gpu-0"}]
+
+
+def test_health_summary(node: Node) -> None:
+    node.info.update(registered=True)
+    status, doc = node.get("/health")
+    assert status == 200
+    assert doc["status"] == "healthy" and doc["reasons"] == []
+    assert doc["devices"] == {"total": 3, "Healthy": 3, "Unhealthy": 0, "Unknown": 0}
+    assert doc["daemon"] == {"registered": True}
+
+    node.inventory.set_conditions("gpu", "gpu-1", [XID])
+    _, doc = node.get("/health")
+    assert doc["status"] == "degraded"
+    assert doc["unhealthy"] == [{"device": "gpu-1", "reason": XID.message}]
+    assert doc["devices"]["Unhealthy"] == 1
+    assert any("gpu-1" in r for r in doc["reasons"])
+
+
+def test_health_daemon_problems_degrade(node: Node) -> None:
+    node.info["problems"] = ["slice publisher: 3 failed writes"]
+    _, doc = node.get("/health")
+    assert doc["status"] == "degraded"
+    assert doc["reasons"] == ["slice publisher: 3 failed writes"]
+
+
+def test_health_survives_a_failing_info(node: Node) -> None:
+    def broken() -> dict[str, Any]:
+        raise RuntimeError("registration state lost")
+
+    node.server._info = broken
+    status, doc = node.get("/health")
+    assert status == 200
+    assert doc["status"] == "degraded"
+    assert any("registration state lost" in r for r in doc["reasons"])
+
+
+def test_no_devices_is_degraded(node: Node) -> None:
+    node.inventory.replace("gpu", [])
+    node.inventory.replace("nic", [])
+    _, doc = node.get("/health")
+    assert doc["status"] == "degraded" and doc["reasons"] == ["no devices discovered"]
+
+
+def test_cordon_is_not_degradation_but_is_listed(node: Node) -> None:
+    status, doc = node.post("/cordon", {"device": "gpu-0", "reason": "fan swap", "by": "alice"})
+    assert status == 200
+    assert doc["cordon"]["device"] == "gpu-0" and doc["cordon"]["by"] == "alice"
+    assert node.taints("gpu-0") == [{"key": "tandem.dev/cordoned", "value": "manual", "effect": "NoSchedule"}]
+    _, health = node.get("/health")
+    assert health["status"] == "healthy"
+    assert [(c["device"], c["reason"], c["by"], c["present"]) for c in health["cordoned"]] == [
+        ("gpu-0", "fan swap", "alice", True)
+    ]
+
+    status, doc = node.post("/uncordon", {"device": "gpu-0"})
+    assert (status, doc) == (200, {"device": "gpu-0", "changed": True})
+    assert node.taints("gpu-0") == []
+    assert node.post("/uncordon", {"device": "gpu-0"}) == (200, {"device": "gpu-0", "changed": False})
+
+
+def test_cordon_without_author_records_the_peer(node: Node) -> None:
+    _, doc = node.post("/cordon", {"device": "gpu-0", "reason": "x"})
+    assert doc["cordon"]["by"] == f"uid {os.getuid()}"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "status", "error"),
+    [
+        ("POST", "/cordon", {"device": "gpu-9", "reason": "x"}, 404, "unknown device 'gpu-9'"),
+        ("POST", "/cordon", {"device": "gpu-0", "reason": ""}, 400, "reason must not be empty"),
+        ("POST", "/cordon", {"device": "gpu-0", "reason": 5}, 400, "'reason' must be a string"),
+        ("GET", "/cordon", None, 405, "GET is not allowed"),
+        ("POST", "/devices", {}, 405, "POST is not allowed"),
+        ("GET", "/nope", None, 404, "no such endpoint"),
+    ],
+)
+def test_request_errors(node: Node, method: str, path: str, body: Any, status: int, error: str) -> None:
+    got_status, doc = ctl.request(node.sock, method, path, body, timeout=5)
+    assert got_status == status
+    assert error in doc["error"]
+    assert node.taints("gpu-0") == []
+
+
+def _raw(sock: Path, request: bytes) -> tuple[bytes, Any]:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(5)
+        s.connect(str(sock))
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0], json.loads(body)
+
+
+def test_bad_bodies_are_refused(node: Node) -> None:
+    line, doc = _raw(node.sock, b"POST /cordon HTTP/1.1\r\nContent-Length: 5\r\n\r\n{nope")
+    assert line.startswith(b"HTTP/1.1 400") and "not JSON" in doc["error"]
+    line, doc = _raw(node.sock, b"POST /cordon HTTP/1.1\r\nContent-Length: 2\r\n\r\n[]")
+    assert line.startswith(b"HTTP/1.1 400") and "object" in doc["error"]
+    # Too large is refused from the header alone; the server never reads the body.
+    line, doc = _raw(node.sock, f"POST /cordon HTTP/1.1\r\nContent-Length: {MAX_BODY + 1}\r\n\r\n".encode())
+    assert line.startswith(b"HTTP/1.1 413")
+    line, doc = _raw(node.sock, b"POST /cordon HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+    assert line.startswith(b"HTTP/1.1 411")
+
+
+def test_stale_socket_is_replaced_and_stop_removes_it(tmp_short: Path) -> None:
+    path = tmp_short / "status.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
+        stale.bind(str(path))  # left behind by a killed daemon
+    inv = Inventory()
+    server = StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict)
+    server.start()
+    try:
+        assert ctl.request(path, "GET", "/devices", None, timeout=5) == (200, {"devices": []})
+    finally:
+        server.stop()
+    assert not path.exists()
+
+
+def test_refuses_to_replace_a_non_socket(tmp_short: Path) -> None:
+    path = tmp_short / "status.sock"
+    path.write_text("precious")
+    inv = Inventory()
+    with pytest.raises(RuntimeError, match="not a socket"):
+        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict).start()
+    assert path.read_text() == "precious"
+
+
+def test_stopping_old_instance_keeps_the_new_ones_socket(tmp_short: Path) -> None:
+    """Rolling update: the old daemon's stop must not unlink the name the new one now serves."""
+    path = tmp_short / "status.sock"
+    old_inv, new_inv = Inventory(), Inventory()
+    new_inv.replace("gpu", [GPU0])
+    old = StatusServer(path, old_inv, dict, CordonStore(tmp_short, old_inv), dict)
+    new = StatusServer(path, new_inv, dict, CordonStore(tmp_short, new_inv), dict)
+    old.start()
+    new.start()
+    try:
+        old.stop()
+        _, doc = ctl.request(path, "GET", "/devices", None, timeout=5)
+        assert [d["name"] for d in doc["devices"]] == ["gpu-0"]
+    finally:
+        new.stop()
+    assert not path.exists()
+
+
+def test_path_too_long_is_a_clear_error(tmp_short: Path) -> None:
+    inv = Inventory()
+    path = tmp_short / ("x" * 120) / "status.sock"
+    with pytest.raises(RuntimeError, match="byte limit"):
+        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict).start()
+    # Fits, but not with the private directory it is bound in first.
+    room = 107 - len(str(tmp_short / "status.sock").encode())
+    parent = tmp_short / ("x" * (room - 1))
+    parent.mkdir()
+    with pytest.raises(RuntimeError, match="too long"):
+        StatusServer(parent / "status.sock", inv, dict, CordonStore(tmp_short, inv), dict).start()
+    assert list(parent.iterdir()) == []
+
+
+# --- tandemctl ---------------------------------------------------------------------------------
+
+
+def test_ctl_devices_table(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0")
+    node.inventory.set_conditions("gpu", "gpu-1", [XID])
+    assert node.ctl("devices") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["DEVICE", "KIND", "MODEL/IFACE", "NUMA", "PCIE-ROOT", "HEALTH", "TAINTS", "CLAIM"]
+    rows = {line.split()[0]: line for line in lines[1:]}
+    assert set(rows) == {"gpu-0", "gpu-1", "nic-0000-1d-00-0"}
+    assert "NVIDIA H100 80GB HBM3" in rows["gpu-0"] and rows["gpu-0"].endswith("ml/train")
+    assert rows["gpu-1"].split()[-3:] == ["Unhealthy", "tandem.dev/xid=79:NoExecute", "-"]
+    assert "ens1f0np0" in rows["nic-0000-1d-00-0"]
+    # Columns are aligned: every row's HEALTH column starts where the header's does.
+    col = lines[0].index("HEALTH")
+    assert all(line[col:].split()[0] in ("Healthy", "Unhealthy") for line in lines[1:])
+
+
+def test_ctl_json_is_the_endpoint_document(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0")
+    for command, path in (("devices", "/devices"), ("claims", "/claims"), ("health", "/health")):
+        assert node.ctl(command, "--json") == 0
+        assert json.loads(capsys.readouterr().out) == node.get(path)[1]
+
+
+def test_ctl_claims_table(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0")
+    assert node.ctl("claims") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["CLAIM", "UID", "STATE", "DEVICES"]
+    assert lines[1].split() == ["ml/train", "u1", "PrepareCompleted", "gpu-0,nic-0000-1d-00-0"]
+
+
+def test_ctl_health_exit_codes(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert node.ctl("health") == 0
+    assert capsys.readouterr().out.startswith("healthy")
+
+    node.inventory.set_conditions("gpu", "gpu-1", [XID])
+    assert node.ctl("health") == 1
+    out = capsys.readouterr().out
+    assert out.startswith("degraded") and "gpu-1: XID 79" in out
+    assert node.ctl("health", "--json") == 1
+
+
+def test_ctl_health_unreachable_without_socket(tmp_short: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert ctl.main(["--kubelet-plugins-dir", str(tmp_short), "health"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no daemon socket" in err and "Traceback" not in err
+
+
+def test_ctl_unreachable_when_nobody_listens(tmp_short: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_short / "dead.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))  # bound, never listening: connect is refused
+        assert ctl.main(["--socket", str(path), "devices"]) == 2
+    assert "cannot talk to the daemon" in capsys.readouterr().err
+
+
+def test_ctl_unreachable_on_timeout(tmp_short: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_short / "mute.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(path))
+        s.listen(1)  # accepts the connection in the kernel, never answers
+        assert ctl.main(["--socket", str(path), "--timeout", "0.2", "health"]) == 2
+    assert "no answer" in capsys.readouterr().err
+
+
+def test_ctl_finds_socket_from_driver_name_and_plugins_dir(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBELET_PLUGINS_DIRECTORY_PATH", str(node.plugins_dir))
+    monkeypatch.setenv("DRIVER_NAME", "tandem.dev")
+    assert ctl.main(["health"]) == 0
+    assert ctl.main(["--driver-name", "other.dev", "health"]) == 2
+
+
+def test_ctl_cordon_round_trip(node: Node, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SUDO_USER", "carol")
+    assert node.ctl("cordon", "nic-0000-1d-00-0", "--reason", "cable swap") == 0
+    assert "cordoned" in capsys.readouterr().out
+    assert node.taints("nic-0000-1d-00-0") == [
+        {"key": "tandem.dev/cordoned", "value": "manual", "effect": "NoSchedule"}
+    ]
+    assert node.get("/health")[1]["cordoned"][0]["by"] == "carol"
+
+    assert node.ctl("devices") == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nic-"))
+    assert "tandem.dev/cordoned=manual:NoSchedule" in row
+
+    assert node.ctl("health") == 0  # a cordon is a choice, not a fault
+    assert "cable swap" in capsys.readouterr().out
+
+    assert node.ctl("uncordon", "nic-0000-1d-00-0") == 0
+    assert "uncordoned" in capsys.readouterr().out
+    assert node.taints("nic-0000-1d-00-0") == []
+
+
+def test_ctl_cordon_refused(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    assert node.ctl("cordon", "gpu0", "--reason", "x") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("tandemctl: unknown device 'gpu0'") and "gpu-0" in err and err.count("\n") == 1
+    assert node.ctl("cordon", "gpu-0", "--reason", " ") == 1
+    assert "reason must not be empty" in capsys.readouterr().err
+    assert node.taints("gpu-0") == []
