@@ -268,6 +268,11 @@ class Daemon:
         self._reg_server.start()
         log.info("registration socket %s ready for the kubelet", self.reg_socket)
 
+    def rediscover(self) -> None:
+        log.info("rediscovering on request")
+        for source in self.sources:
+            source.trigger()
+
     def stop(self) -> None:
         """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
         self.status.stop()
@@ -310,6 +315,8 @@ def run_daemon(config: Config) -> int:
     except Exception as e:
         log.error("cannot start: %s", e)
         return 1
+    # SIGHUP: rediscover now (after a driver reload, a hot-plug or a MIG reconfiguration).
+    signal.signal(signal.SIGHUP, lambda _s, _f: daemon.rediscover())
     stop.wait()
     daemon.stop()
     return 0
