@@ -1,0 +1,48 @@
+"""Discover this machine's GPUs (real NVML) and RDMA NICs and print them as ResourceSlice YAML.
+
+Run through hack/gpu-smoke.sh on a machine with an NVIDIA GPU. Nothing is written anywhere and no
+cluster is needed: it shows exactly what the daemon would publish for this node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
+from driver.discovery.nic import NicDiscovery, NicDiscoveryError
+from driver.slices import build_slices
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--driver-name", default="tandem.dev")
+    p.add_argument("--node-name", default=socket.gethostname().split(".")[0].lower())
+    p.add_argument("--sysfs-root", default="/sys")
+    p.add_argument("--list-attributes", action="store_true")
+    args = p.parse_args()
+    devices = []
+    t0 = time.perf_counter()
+    try:
+        devices += GpuDiscovery(Path(args.sysfs_root), args.list_attributes).discover()
+    except NvmlUnavailable as e:
+        print(f"# NVML unavailable: {e}", file=sys.stderr)
+    t1 = time.perf_counter()
+    try:
+        devices += NicDiscovery(Path(args.sysfs_root), Path("/dev"), args.list_attributes).discover()
+    except NicDiscoveryError as e:
+        print(f"# NIC discovery failed: {e}", file=sys.stderr)
+    t2 = time.perf_counter()
+    print(f"# {len(devices)} device(s); GPU discovery {1000 * (t1 - t0):.1f} ms, NIC discovery {1000 * (t2 - t1):.1f} ms")
+    slices = build_slices(devices, args.driver_name, args.node_name, "00000000-0000-0000-0000-000000000000", 1)
+    yaml.safe_dump_all(slices, sys.stdout, sort_keys=False)
+    return 0 if devices else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
