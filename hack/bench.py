@@ -1,0 +1,108 @@
+"""Tandem's benchmark: every figure the issues ask for, measured on the simulated node and cluster.
+
+Speed and memory are measured here, never asserted in timed tests. Sections:
+
+  discovery  GPU discovery (8 H100; 8 A100 with 56 MIG devices), NIC discovery among 1,000 netdevs
+  slices     publish time and writes for 1/64/1,000 devices, steady-state writes, a 100-change burst
+  prepare    prepare/unprepare latency (1 GPU, 1 NIC, 4 GPU + 4 NIC; 1, 16, 64 concurrent) vs the gRPC floor
+  health     NVML event -> condition, event -> taint in the API and -> health stream, flapping, idle CPU, RSS
+
+`python hack/bench.py [--quick] [--only SECTION ...]` prints JSON. The NIC netns cases need root
+and report why they were skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_daemon
+import bench_health
+import bench_nic
+import bench_nic_health
+import bench_prepare
+import bench_slices
+
+from driver.discovery.gpu import GpuDiscovery
+from driver.sim import nvml as sim_nvml
+from driver.sim.profile import NodeProfile, a100_mig_node, h100_node
+from driver.sim.sysfs import render_node
+
+
+def _gpu_discovery(profile: NodeProfile, runs: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="bench-disc-") as tmp:
+        root = Path(tmp)
+        render_node(profile, root / "sys", root / "dev", root / "proc")
+        state = root / "nvml.json"
+        sim_nvml.write_state(profile, state)
+        with sim_nvml.fake_pynvml_in_process(state):
+            disc = GpuDiscovery(root / "sys", proc_root=root / "proc")
+            times, count = [], 0
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                count = len(disc.discover())
+                times.append(time.perf_counter() - t0)
+    return {"devices": count, "median_ms": round(statistics.median(times) * 1000, 2), "runs": runs}
+
+
+def discovery(quick: bool) -> dict[str, Any]:
+    runs = 5 if quick else 20
+    return {
+        "gpu_8_h100": _gpu_discovery(h100_node(gpus=8, nics=0), runs),
+        "gpu_8_a100_56_mig": _gpu_discovery(a100_mig_node(gpus=8, per_gpu=7), runs),
+        "nic_8_rdma_among_1000_netdevs": bench_nic.bench_nic_discovery(runs=3 if quick else 10),
+        "nic_100_address_changes_in_1s": bench_nic.bench_nic_events(),
+    }
+
+
+def slices(quick: bool) -> dict[str, Any]:
+    return {
+        "publish": {n: bench_slices.bench_publish(n) for n in (1, 64, 1000)},
+        "steady_state": bench_slices.bench_steady_state(5 if quick else 60),
+        "burst_100_changes_in_1s": bench_slices.bench_burst(100),
+    }
+
+
+def prepare(quick: bool) -> dict[str, Any]:
+    return bench_prepare.bench_prepare(quick)
+
+
+def health(quick: bool) -> dict[str, Any]:
+    return {
+        "nvml_event_to_inventory": bench_health.bench_gpu_event_to_condition(),
+        "daemon_event_to_taint": bench_daemon.bench_event_to_taint(),
+        "flapping_50_in_10s_debounced": bench_daemon.bench_flapping(),
+        "flapping_50_in_10s_no_debounce": bench_daemon.bench_flapping(debounce=0.0),
+        "flapping_netns_condition_changes": bench_nic_health.bench_flap_condition_changes(),
+        "footprint_8_gpus_8_nics": bench_daemon.bench_footprint(10 if quick else 60),
+    }
+
+
+SECTIONS = {"discovery": discovery, "slices": slices, "prepare": prepare, "health": health}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="fewer runs and shorter idle windows")
+    parser.add_argument("--only", nargs="+", choices=sorted(SECTIONS), default=list(SECTIONS))
+    args = parser.parse_args()
+    out: dict[str, Any] = {}
+    for name in args.only:
+        t0 = time.monotonic()
+        out[name] = SECTIONS[name](args.quick)
+        print(f"# {name}: {time.monotonic() - t0:.0f} s", file=sys.stderr, flush=True)
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Benchmarks of the whole daemon process on the simulated node: health latency, flapping, footprint.
+
+* event -> taint: an XID injected through the simulated NVML until the taint is in the API server's
+  ResourceSlice, and until the kubelet's health stream says Unhealthy;
+* flapping: ResourceSlice writes caused by a NIC link flapping 50 times in 10 s (sysfs mode), with
+  the default debounce and with debounce 0 (then only the publisher's write coalescing limits it);
+* footprint: the daemon's CPU time while idle and its resident memory, with 8 GPUs and 8 NICs.
+
+`python hack/bench_daemon.py [--quick]` prints JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from driver.demo import DRIVER, SimNode, stop_daemon
+from driver.sim.apiserver import SimApiServer
+from driver.sim.kubelet import KubeletSim
+from driver.sim.nvml import append_event
+from driver.sim.profile import NodeProfile, h100_node
+from driver.sim.scheduler import published_devices
+
+XID_EVENT = 0x8
+_WRITES = {"POST", "PUT", "DELETE", "PATCH"}
+
+
+def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.002) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def _pct(values: Sequence[float], p: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))] * 1000, 1)
+
+
+class _Running:
+    def __init__(self, srv: SimApiServer, node: SimNode, proc: Any, kubelet: KubeletSim) -> None:
+        self.srv, self.node, self.proc, self.kubelet = srv, node, proc, kubelet
+
+    def taints(self, device: str) -> list[dict]:
+        for d in published_devices(self.srv, DRIVER, self.node.profile.name):
+            if d["name"] == device:
+                return d.get("taints") or []
+        return []
+
+    def slice_writes(self) -> int:
+        return sum(1 for r in self.srv.requests if r.resource == "resourceslices" and r.method in _WRITES)
+
+
+@contextmanager
+def _daemon(profile: NodeProfile, *flags: str) -> Iterator[_Running]:
+    root = Path(tempfile.mkdtemp(prefix="tb-"))
+    srv = SimApiServer().start()
+    try:
+        node = SimNode.create(root / "node", profile)
+        srv.add_node(profile.name)
+        proc = node.start_daemon(srv.write_kubeconfig(root / "kubeconfig"), root / "daemon.log", *flags)
+        kubelet = KubeletSim(node.registry)
+        kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
+        want = len(profile.gpus) + len(profile.nics)
+        if not srv.wait_for(lambda: len(published_devices(srv, DRIVER, profile.name)) >= want, 60):
+            raise RuntimeError("devices not published")
+        try:
+            yield _Running(srv, node, proc, kubelet)
+        finally:
+            kubelet.close()
+            stop_daemon(proc)
+    finally:
+        srv.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def bench_event_to_taint(events: int = 8) -> dict[str, Any]:
+    """An XID on a different GPU each time, one second apart (isolated events, not a burst: a burst
+    is coalesced by design); the quiet period is long, so each taint stays."""
+    profile = h100_node("bench-health", gpus=events, nics=0)
+    with _daemon(profile, "--device-kinds", "gpu", "--health-quiet-period", "3600") as d:
+        watch = d.kubelet.watch_health("v1")
+        watch.next(timeout=30)
+        api, stream = [], []
+        for i, gpu in enumerate(profile.gpus):
+            name = f"gpu-{gpu.minor}"
+            seen: list[float] = []
+
+            def on_stream(name: str = name, seen: list[float] = seen) -> None:
+                watch.wait_for(lambda s: any(r.device == name and r.health == "UNHEALTHY" for r in s), 10)
+                seen.append(time.monotonic())
+
+            waiter = threading.Thread(target=on_stream)
+            waiter.start()
+            t0 = time.monotonic()
+            append_event(d.node.root / "nvml-state.json", gpu.uuid, XID_EVENT, 48)
+            if not _wait(lambda name=name: bool(d.taints(name)), 10):
+                raise RuntimeError(f"taint of event {i} never appeared")
+            api.append(time.monotonic() - t0)
+            waiter.join(15)
+            stream.append(seen[0] - t0)
+            time.sleep(1.0)
+        watch.cancel()
+    return {
+        "events": events,
+        "to_taint_in_api_ms": {"p50": _pct(api, 50), "max": _pct(api, 100)},
+        "to_health_stream_ms": {"p50": _pct(stream, 50), "max": _pct(stream, 100)},
+    }
+
+
+def bench_flapping(flaps: int = 50, seconds: float = 10.0, debounce: float = 2.0) -> dict[str, Any]:
+    profile = h100_node("bench-flap", gpus=0, nics=1)
+    nic = profile.nics[0]
+    with _daemon(profile, "--device-kinds", "nic", "--link-debounce", str(debounce)) as d:
+        base = d.slice_writes()
+        net = d.node.sysfs / "class/net" / nic.ifname
+        gap = seconds / (2 * flaps)
+        for _ in range(flaps):
+            (net / "operstate").write_text("down\n")
+            (net / "carrier").write_text("0\n")
+            time.sleep(gap)
+            (net / "operstate").write_text("up\n")
+            (net / "carrier").write_text("1\n")
+            time.sleep(gap)
+        time.sleep(max(3.0, 2 * debounce + 1))  # let any pending condition settle and be published
+        writes = d.slice_writes() - base
+    return {"flaps": flaps, "seconds": seconds, "debounce_s": debounce, "slice_writes": writes}
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return 0.0
+
+
+def bench_footprint(seconds: float = 60.0) -> dict[str, Any]:
+    profile = h100_node("bench-idle", gpus=8, nics=8)
+    # h100_node puts NICs on the GPUs' roots; 8 NICs need their own bus numbers.
+    for j, nic in enumerate(profile.nics):
+        nic.pci_address = f"0000:{0xD0 + j:02x}:00.0"
+    with _daemon(profile) as d:
+        time.sleep(3)  # start-up work (first discovery, publish) is not idle time
+        pid = d.proc.pid
+        cpu0, t0 = _cpu_seconds(pid), time.monotonic()
+        time.sleep(seconds)
+        cpu = _cpu_seconds(pid) - cpu0
+        wall = time.monotonic() - t0
+        return {
+            "devices": 16,
+            "idle_seconds": round(wall, 1),
+            "idle_cpu_percent": round(100 * cpu / wall, 2),
+            "rss_mib": _rss_mib(pid),
+        }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args(argv)
+    out = {
+        "event_to_taint": bench_event_to_taint(),
+        "flapping_debounced": bench_flapping(),
+        "flapping_no_debounce": bench_flapping(debounce=0.0),
+        "footprint": bench_footprint(10 if args.quick else 60),
+    }
+    json.dump(out, sys.stdout, indent=2)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
