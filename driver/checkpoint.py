@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.fsutil import atomic_write
+from driver.fsutil import atomic_write, locked
 
 log = logging.getLogger(__name__)
 
@@ -116,15 +116,8 @@ class Checkpoint:
         self._mutex = threading.Lock()
         self._cache: tuple[tuple[int, int, int], dict[str, ClaimRecord]] | None = None
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._mutex:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # closing releases the flock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self._mutex, self._lock_path)
 
     def _load(self) -> dict[str, ClaimRecord]:
         """The claims on disk; parsed again only when the file changed since this process last saw it.

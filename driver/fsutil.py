@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import tempfile
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -43,3 +46,18 @@ def boot_id(proc_root: Path = Path("/proc")) -> str:
         return (proc_root / "sys/kernel/random/boot_id").read_text().strip()
     except OSError:
         return ""
+
+
+@contextlib.contextmanager
+def locked(mutex: threading.Lock, lock_path: Path) -> Iterator[None]:
+    """Exclusive across threads (the mutex) and across processes sharing the data dir (flock).
+
+    Two driver instances run side by side during a rolling update; both must see every write.
+    """
+    with mutex:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the flock

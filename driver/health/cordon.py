@@ -16,18 +16,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import difflib
-import fcntl
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.fsutil import atomic_write
+from driver.fsutil import atomic_write, locked
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
 
@@ -106,15 +104,8 @@ class CordonStore:
             unhealthy=False,
         )
 
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._mutex:
-            fd = os.open(self._lock_path, os.O_RDWR | os.O_CREAT, 0o600)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                yield
-            finally:
-                os.close(fd)  # closing releases the flock
+    def _locked(self) -> contextlib.AbstractContextManager[None]:
+        return locked(self._mutex, self._lock_path)
 
     def _read(self) -> dict[str, Cordon]:
         """The cordons on disk; a corrupt file is moved aside (and logged) rather than crash the daemon."""

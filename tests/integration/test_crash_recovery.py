@@ -13,9 +13,9 @@ import contextlib
 import json
 import signal
 import threading
-import time
 
 import pytest
+from waiting import poll
 
 from driver.demo import DRIVER
 from driver.sim.kubelet import ClaimRef, KubeletSim, KubeletSimError
@@ -24,15 +24,6 @@ from driver.sim.scheduler import Request, allocate, attribute, claim_object, pub
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
 HOLD = 30.0  # seconds the API server holds the chosen request; the daemon is killed long before
-
-
-def _poll(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 class Node:
@@ -46,8 +37,8 @@ class Node:
     def start(self):
         self.daemon = self.start_daemon(self.node)
         sock = self.kubelet.wait_for_registration_socket(DRIVER, timeout=60)
-        assert _poll(lambda: _connectable(self.kubelet, sock), 60), self.daemon.log_text()
-        assert _poll(lambda: len(published_devices(self.apiserver, DRIVER, self.node.profile.name)) >= 4, 60)
+        assert poll(lambda: _connectable(self.kubelet, sock), 60), self.daemon.log_text()
+        assert poll(lambda: len(published_devices(self.apiserver, DRIVER, self.node.profile.name)) >= 4, 60)
 
     def kill(self):
         self.daemon.proc.send_signal(signal.SIGKILL)
@@ -98,7 +89,7 @@ def test_kill_during_claim_get_leaves_nothing(node, apiserver):
     ref = node.claim("c1", GPU)
     apiserver.faults.inject(method="GET", path="/resourceclaims/c1$", status=0, delay=HOLD, count=1)
     node.prepare_in_background(ref)
-    assert _poll(lambda: any(r.name == "c1" and r.method == "GET" for r in apiserver.requests))
+    assert poll(lambda: any(r.name == "c1" and r.method == "GET" for r in apiserver.requests))
     node.kill()
     assert node.checkpoint() == {} and node.files_of(ref) == []
     apiserver.faults.clear()
@@ -112,8 +103,8 @@ def test_kill_during_status_apply_is_rolled_back_at_start(node, apiserver):
     ref = node.claim("c2", GPU, NIC)
     apiserver.faults.inject(method="PATCH", path="/resourceclaims/c2/status", status=0, delay=HOLD, count=1)
     node.prepare_in_background(ref)
-    assert _poll(lambda: node.checkpoint().get(ref.uid, {}).get("state") == "PrepareStarted")
-    assert _poll(lambda: len(node.files_of(ref)) >= 2), "CDI spec and metadata are written before the status"
+    assert poll(lambda: node.checkpoint().get(ref.uid, {}).get("state") == "PrepareStarted")
+    assert poll(lambda: len(node.files_of(ref)) >= 2), "CDI spec and metadata are written before the status"
     node.kill()
     apiserver.faults.clear()
 
@@ -134,7 +125,7 @@ def test_kill_during_unprepare_completes_on_the_next_call(node, apiserver):
     assert node.kubelet.prepare([ref])[ref.uid].error == ""
     apiserver.faults.inject(method="PATCH", path="/resourceclaims/c3/status", status=0, delay=HOLD, count=1)
     node.prepare_in_background(ref, method="unprepare")
-    assert _poll(lambda: node.files_of(ref) == []), "files are removed before the status is cleared"
+    assert poll(lambda: node.files_of(ref) == []), "files are removed before the status is cleared"
     node.kill()
     assert node.checkpoint()[ref.uid]["state"] == "PrepareCompleted"  # the record outlives the files
     apiserver.faults.clear()

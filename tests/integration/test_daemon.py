@@ -7,10 +7,10 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from waiting import poll
 
 from driver.demo import DRIVER
 from driver.kubelet.registration import registration_socket_path
@@ -19,15 +19,6 @@ from driver.sim.scheduler import Request, allocate, attribute, claim_object, pub
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
-
-
-def daemon_poll(predicate, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _listening(path: Path) -> bool:
@@ -160,7 +151,7 @@ def test_stale_sockets_are_replaced(start_daemon, sim_node_default, kubelet):
     s.bind(str(stale))
     s.close()  # a socket file nobody listens on, as a killed daemon leaves behind
     daemon = start_daemon(node)
-    assert daemon_poll(lambda: _listening(stale), 30), daemon.log_text()
+    assert poll(lambda: _listening(stale), 30), daemon.log_text()
     sock, info = _registered(kubelet)
     assert sock == stale and info.name == DRIVER
 

@@ -11,10 +11,10 @@ import json
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 
 import pytest
+from waiting import poll
 
 from driver.demo import DRIVER
 from driver.sim.kubelet import ClaimRef, KubeletSim
@@ -23,15 +23,6 @@ from driver.sim.profile import h100_node
 from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
-
-
-def _poll(predicate, timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def _taints(apiserver, node, device: str) -> list[dict]:
@@ -75,9 +66,7 @@ def test_xid_taints_the_gpu_everywhere_and_clears_after_the_quiet_period(apiserv
     assert {r.device for r in first} >= {"gpu-0", "gpu-1"} and all(r.health == "HEALTHY" for r in first)
 
     append_event(node.root / "nvml-state.json", gpu.uuid, XID_EVENT, 79)  # fallen off the bus: reset needed
-    assert _poll(lambda: any(t["key"] == "tandem.dev/xid" for t in _taints(apiserver, node, "gpu-1"))), (
-        daemon.log_text()
-    )
+    assert poll(lambda: any(t["key"] == "tandem.dev/xid" for t in _taints(apiserver, node, "gpu-1"))), daemon.log_text()
     taint = next(t for t in _taints(apiserver, node, "gpu-1") if t["key"] == "tandem.dev/xid")
     assert (taint["value"], taint["effect"]) == ("79", "NoExecute")
     assert _taints(apiserver, node, "gpu-0") == [], "one GPU's XID must not taint the others"
@@ -91,7 +80,7 @@ def test_xid_taints_the_gpu_everywhere_and_clears_after_the_quiet_period(apiserv
     assert any(t["key"] == "tandem.dev/xid" for d in devices if d["name"] == "gpu-1" for t in d["taints"])
 
     # No new XID for the quiet period: the taint and the unhealthy status go away without a restart.
-    assert _poll(lambda: _taints(apiserver, node, "gpu-1") == [], timeout=30), daemon.log_text()
+    assert poll(lambda: _taints(apiserver, node, "gpu-1") == [], timeout=30), daemon.log_text()
     watch.wait_for(lambda s: all(r.health == "HEALTHY" for r in s), timeout=30)
     assert _ctl(node, "health").returncode == 0
     watch.cancel()
@@ -100,7 +89,7 @@ def test_xid_taints_the_gpu_everywhere_and_clears_after_the_quiet_period(apiserv
 def test_application_xid_is_informational(apiserver, running):
     node, daemon, _, _ = running
     append_event(node.root / "nvml-state.json", node.profile.gpus[0].uuid, XID_EVENT, 13)
-    assert _poll(lambda: _taints(apiserver, node, "gpu-0") != []), daemon.log_text()
+    assert poll(lambda: _taints(apiserver, node, "gpu-0") != []), daemon.log_text()
     assert _taints(apiserver, node, "gpu-0")[0]["effect"] == "None"
     assert _ctl(node, "health").returncode == 0, "an application error leaves the GPU healthy"
 
@@ -113,27 +102,27 @@ def test_nic_link_down_in_sysfs_taints_and_recovers(apiserver, running):
     carrier = node.sysfs / "class/net" / nic.ifname / "carrier"
     operstate.write_text("down\n")
     carrier.write_text("0\n")
-    assert _poll(lambda: any(t["key"] == "tandem.dev/link-down" for t in _taints(apiserver, node, name)), 30), (
+    assert poll(lambda: any(t["key"] == "tandem.dev/link-down" for t in _taints(apiserver, node, name)), 30), (
         daemon.log_text()
     )
     operstate.write_text("up\n")
     carrier.write_text("1\n")
-    assert _poll(lambda: _taints(apiserver, node, name) == [], 30), daemon.log_text()
+    assert poll(lambda: _taints(apiserver, node, name) == [], 30), daemon.log_text()
 
 
 def test_cordon_survives_a_restart_and_uncordon_clears_it(apiserver, running, start_daemon):
     node, daemon, kubelet, _ = running
     out = _ctl(node, "cordon", "gpu-0", "--reason", "fan replacement")
     assert out.returncode == 0, out.stderr
-    assert _poll(lambda: any(t["key"] == "tandem.dev/cordoned" for t in _taints(apiserver, node, "gpu-0")))
+    assert poll(lambda: any(t["key"] == "tandem.dev/cordoned" for t in _taints(apiserver, node, "gpu-0")))
     assert daemon.stop() == 0
     restarted = start_daemon(node)
     kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
-    assert _poll(lambda: _ctl(node, "devices").returncode == 0, 60), restarted.log_text()
+    assert poll(lambda: _ctl(node, "devices").returncode == 0, 60), restarted.log_text()
     devices = json.loads(_ctl(node, "devices", "--json").stdout)["devices"]
     assert [t["key"] for d in devices if d["name"] == "gpu-0" for t in d["taints"]] == ["tandem.dev/cordoned"]
     assert _ctl(node, "uncordon", "gpu-0").returncode == 0
-    assert _poll(lambda: _taints(apiserver, node, "gpu-0") == [])
+    assert poll(lambda: _taints(apiserver, node, "gpu-0") == [])
 
 
 def test_metrics_count_prepares_and_show_device_health(apiserver, running):
