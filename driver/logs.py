@@ -1,17 +1,40 @@
 """Logging set-up: human text or one JSON object per line, with claim/device context fields.
 
-Callers add context with `extra={"claim": uid, "device": name, "op": "prepare"}`; the JSON form
-carries those as fields so that an SRE can filter a node's log by claim UID.
+Context comes from `log_context(claim=uid, op="prepare")`, which tags every line logged in that
+thread while it is active (library code on the prepare path included), or from
+`extra={"device": name}` on one call. The JSON form carries them as fields, so an SRE can filter a
+node's log by claim UID.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 
 CONTEXT_FIELDS = ("claim", "claim_namespace", "claim_name", "device", "op")
+_context: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("tandem_log_context", default=())
+
+
+@contextlib.contextmanager
+def log_context(**fields: str) -> Iterator[None]:
+    token = _context.set(tuple({**dict(_context.get()), **fields}.items()))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _context.get():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -44,6 +67,7 @@ def setup(verbosity: int, fmt: str) -> None:
     """-v gives debug for the driver; -vv also debug for libraries (grpc, urllib3, pyroute2)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(_ContextFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO)

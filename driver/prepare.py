@@ -30,6 +30,7 @@ from driver.claim_cdi import CLAIM_CLASS, ClaimSpecError, PlannedDevice, claim_s
 from driver.config import is_dns_label, is_dns_subdomain, is_uid
 from driver.config_api import ConfigDecodeError, opaque_entries, resolve
 from driver.discovery.nvidia_files import DriverFiles
+from driver.logs import log_context
 from driver.metadata import MetadataDevice, MetadataError, MetadataWriter, assign_metadata_ids, attributes_json
 from driver.model import Device
 
@@ -216,6 +217,10 @@ class Preparer:
 
     def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
         ctx = {"claim": ref.uid, "op": "prepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
+        with log_context(**ctx):
+            return self._prepare_logged(ref, ctx)
+
+    def _prepare_logged(self, ref: ClaimRef, ctx: dict[str, str]) -> PrepareResult:
         try:
             validate_ref(ref)
             claim = self._api.get_claim(ref.namespace, ref.name)
@@ -330,6 +335,10 @@ class Preparer:
 
     def _unprepare_one(self, ref: ClaimRef) -> str:
         ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
+        with log_context(**ctx):
+            return self._unprepare_logged(ref, ctx)
+
+    def _unprepare_logged(self, ref: ClaimRef, ctx: dict[str, str]) -> str:
         try:
             validate_ref(ref)
         except ClaimError as e:
