@@ -246,13 +246,18 @@ class Daemon:
             source.start()
         if self._nic_watcher is not None:
             self._nic_watcher.start()
-        self.publisher.start()
 
-        # Discovery first: reconciliation must not mistake a kept NIC for a vanished one.
+        # Discovery first: reconciliation must not mistake a kept NIC for a vanished one, and the
+        # publisher must not publish a half-discovered pool (on a restart that rewrites the slices
+        # twice and hides the undiscovered devices from the scheduler in between).
         for source in self.sources:
             source.wait_first_run(timeout=30)
+        # Health before the first publish: a GPU that is already lost is never offered untainted.
         for monitor in self.monitors:
             monitor.start()
+            if isinstance(monitor, GpuHealthMonitor):
+                monitor.trigger_probe(wait=10)
+        self.publisher.start()
         self.preparer.reconcile()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
         services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)

@@ -72,6 +72,7 @@ class _Fault:
     status: int
     remaining: int
     delay: float
+    arrived: threading.Event = dataclasses.field(default_factory=threading.Event)
 
 
 class Faults:
@@ -84,11 +85,17 @@ class Faults:
 
     def inject(
         self, method: str = "*", path: str = ".*", status: int = 500, count: int = 1, delay: float = 0.0
-    ) -> None:
+    ) -> threading.Event:
         """The next `count` requests matching `method` ("*" = any) and `path` (regex search on the URL path)
-        sleep `delay` seconds and then get `status` (0: served normally after the delay)."""
+        sleep `delay` seconds and then get `status` (0: served normally after the delay).
+
+        Returns an event set when the first matching request arrives: with a delay, that is the
+        moment a client is known to be waiting on the server (`requests` records it only once
+        answered)."""
+        fault = _Fault(method.upper(), re.compile(path), status, count, delay)
         with self._lock:
-            self._faults.append(_Fault(method.upper(), re.compile(path), status, count, delay))
+            self._faults.append(fault)
+        return fault.arrived
 
     def close_watches(self) -> None:
         """End every open watch stream now; clients see the stream end (and usually reconnect)."""
@@ -103,6 +110,7 @@ class Faults:
             for fault in self._faults:
                 if fault.remaining > 0 and fault.method in ("*", method) and fault.path.search(path):
                     fault.remaining -= 1
+                    fault.arrived.set()
                     return fault
             self._faults = [f for f in self._faults if f.remaining > 0]
             return None

@@ -87,9 +87,9 @@ def node(apiserver, sim_node, start_daemon):
 def test_kill_during_claim_get_leaves_nothing(node, apiserver):
     node.start()
     ref = node.claim("c1", GPU)
-    apiserver.faults.inject(method="GET", path="/resourceclaims/c1$", status=0, delay=HOLD, count=1)
+    arrived = apiserver.faults.inject(method="GET", path="/resourceclaims/c1$", status=0, delay=HOLD, count=1)
     node.prepare_in_background(ref)
-    assert poll(lambda: any(r.name == "c1" and r.method == "GET" for r in apiserver.requests))
+    assert arrived.wait(30), "the claim GET never reached the API server"
     node.kill()
     assert node.checkpoint() == {} and node.files_of(ref) == []
     apiserver.faults.clear()
