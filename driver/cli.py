@@ -101,6 +101,11 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         help="seconds a NIC link must stay down (or up) before its taint changes (LINK_DEBOUNCE)",
     )
     add(
+        "--netns",
+        default=_env("NETNS", ""),
+        help="network namespace (name under /var/run/netns) whose NICs to serve; default: the daemon's own (NETNS)",
+    )
+    add(
         "--nic-link-source",
         choices=("netlink", "sysfs"),
         default=_env("NIC_LINK_SOURCE", "netlink"),
@@ -131,6 +136,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         rediscover_period=ns.rediscover_period,
         metrics_address=ns.metrics_address,
         nic_link_source=ns.nic_link_source,
+        netns=ns.netns,
         ignored_xids=parse_xids(ns.ignored_xids),
         taint_effects=tuple(ns.taint_effect),
         health_quiet_period=ns.health_quiet_period,

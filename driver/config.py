@@ -57,6 +57,8 @@ class Config:
     # Where NIC link facts come from: netlink (real nodes) or sysfs alone (the simulated node,
     # whose NICs exist only as sysfs trees and have no netdevs the kernel knows).
     nic_link_source: str = "netlink"
+    # Network namespace whose NICs to serve (a name under /var/run/netns); empty = the daemon's own.
+    netns: str = ""
     # Health policy: XIDs that are the application's fault, per-key taint effects (KEY=EFFECT),
     # how long a transient GPU condition must stay quiet before its taint clears, link debounce.
     ignored_xids: frozenset[int] = frozenset()
@@ -97,6 +99,8 @@ class Config:
             raise ConfigError("--rediscover-period must be positive")
         if self.health_quiet_period <= 0 or self.link_debounce < 0:
             raise ConfigError("--health-quiet-period must be positive and --link-debounce not negative")
+        if self.netns and not (re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.netns) and self.netns not in (".", "..")):
+            raise ConfigError(f"--netns {self.netns!r} must be the name of a namespace under /var/run/netns")
         if self.nic_link_source not in ("netlink", "sysfs"):
             raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
         if self.metrics_address and not _LISTEN.match(self.metrics_address):

@@ -151,6 +151,7 @@ class Daemon:
                 sysfs_root=cfg.sysfs_root,
                 dev_root=cfg.dev_root,
                 list_attributes=cfg.list_attributes,
+                netns=cfg.netns or None,
                 netlink=use_netlink,
             )
             loop = RefreshLoop(
@@ -159,7 +160,9 @@ class Daemon:
             sources.append(loop)
             # Link and address events rediscover within a second, coalesced; the loop's period
             # catches anything netlink did not say.
-            self._nic_watcher = NicWatcher(loop.trigger, resync_period=cfg.rediscover_period, netlink=use_netlink)
+            self._nic_watcher = NicWatcher(
+                loop.trigger, netns=cfg.netns or None, resync_period=cfg.rediscover_period, netlink=use_netlink
+            )
         return sources
 
     def _build_monitors(self) -> list[GpuHealthMonitor | NicHealthMonitor]:
@@ -181,6 +184,7 @@ class Daemon:
                     self.inventory,
                     sysfs_root=cfg.sysfs_root,
                     domain=cfg.driver_name,
+                    netns=cfg.netns or None,
                     netlink=cfg.nic_link_source == "netlink",
                     debounce=cfg.link_debounce,
                     effects=effects_for(effects, "nic", cfg.driver_name),

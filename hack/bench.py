@@ -60,6 +60,7 @@ def discovery(quick: bool) -> dict[str, Any]:
         "gpu_8_a100_56_mig": _gpu_discovery(a100_mig_node(gpus=8, per_gpu=7), runs),
         "nic_8_rdma_among_1000_netdevs": bench_nic.bench_nic_discovery(runs=3 if quick else 10),
         "nic_100_address_changes_in_1s": bench_nic.bench_nic_events(),
+        "nic_address_change_to_slice_daemon": bench_daemon.bench_nic_event_to_slice(),
     }
 
 

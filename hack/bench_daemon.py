@@ -1,5 +1,6 @@
 """Benchmarks of the whole daemon process on the simulated node: health latency, flapping, footprint.
 
+* netlink event -> slice: an address added in a test namespace until the slice shows it;
 * event -> taint: an XID injected through the simulated NVML until the taint is in the API server's
   ResourceSlice, and until the kubelet's health stream says Unhealthy;
 * flapping: ResourceSlice writes caused by a NIC link flapping 50 times in 10 s (sysfs mode), with
@@ -15,6 +16,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -27,8 +29,9 @@ from typing import Any
 from driver.demo import DRIVER, SimNode, stop_daemon
 from driver.sim.apiserver import SimApiServer
 from driver.sim.kubelet import KubeletSim
+from driver.sim.nics import render_nic
 from driver.sim.nvml import append_event
-from driver.sim.profile import NodeProfile, h100_node
+from driver.sim.profile import NicSpec, NodeProfile, h100_node
 from driver.sim.scheduler import published_devices
 
 XID_EVENT = 0x8
@@ -64,7 +67,7 @@ class _Running:
 
 
 @contextmanager
-def _daemon(profile: NodeProfile, *flags: str) -> Iterator[_Running]:
+def _daemon(profile: NodeProfile, *flags: str, expect: int | None = None) -> Iterator[_Running]:
     root = Path(tempfile.mkdtemp(prefix="tb-"))
     srv = SimApiServer().start()
     try:
@@ -73,7 +76,7 @@ def _daemon(profile: NodeProfile, *flags: str) -> Iterator[_Running]:
         proc = node.start_daemon(srv.write_kubeconfig(root / "kubeconfig"), root / "daemon.log", *flags)
         kubelet = KubeletSim(node.registry)
         kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
-        want = len(profile.gpus) + len(profile.nics)
+        want = len(profile.gpus) + len(profile.nics) if expect is None else expect
         if not srv.wait_for(lambda: len(published_devices(srv, DRIVER, profile.name)) >= want, 60):
             raise RuntimeError("devices not published")
         try:
@@ -139,6 +142,50 @@ def bench_flapping(flaps: int = 50, seconds: float = 10.0, debounce: float = 2.0
     return {"flaps": flaps, "seconds": seconds, "debounce_s": debounce, "slice_writes": writes}
 
 
+def bench_nic_event_to_slice(changes: int = 10) -> dict[str, Any]:
+    """An address added with `ip` in a test namespace until the slice shows it (real netlink; root)."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return {"skipped": "needs root and iproute2 for a network namespace"}
+    ns = f"tandem-bench-{os.getpid()}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    root = Path(tempfile.mkdtemp(prefix="tb-"))
+    try:
+
+        def ip(*args: str) -> None:
+            subprocess.run(["ip", "-n", ns, *args], check=True)
+
+        ip("link", "add", "ens1f0np0", "address", "02:00:00:00:00:01", "type", "veth", "peer", "name", "peer0")
+        ip("link", "set", "peer0", "up")
+        ip("link", "set", "ens1f0np0", "up")
+        spec = NicSpec(pci_address="0000:8a:00.0", pcie_root="pci0000:80", numa_node=0, ifname="ens1f0np0",
+                       mac="02:00:00:00:00:01", rdma_device="mlx5_0", uverbs_index=0)  # fmt: skip
+        render_nic(spec, root / "sys", root / "dev")
+        flags = ("--device-kinds", "nic", "--netns", ns, "--nic-link-source", "netlink",
+                 "--sysfs-root", str(root / "sys"), "--dev-root", str(root / "dev"))  # fmt: skip
+        with _daemon(NodeProfile(name="bench-nic"), *flags, expect=1) as d:
+            times = []
+            for i in range(changes):
+                address = f"192.0.2.{i + 1}/24"
+                t0 = time.monotonic()
+                ip("addr", "add", address, "dev", "ens1f0np0")
+                if not _wait(lambda a=address: _ipv4(d) == a, 10):
+                    raise RuntimeError("address change never reached the slice")
+                times.append(time.monotonic() - t0)
+                ip("addr", "del", address, "dev", "ens1f0np0")
+                _wait(lambda: _ipv4(d) is None, 10)
+                time.sleep(1.0)
+        return {"changes": changes, "p50_ms": _pct(times, 50), "max_ms": _pct(times, 100)}
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _ipv4(d: _Running) -> str | None:
+    for dev in published_devices(d.srv, DRIVER, d.node.profile.name):
+        return (dev.get("attributes", {}).get("ipv4") or {}).get("string")
+    return None
+
+
 def _cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -177,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = {
         "event_to_taint": bench_event_to_taint(),
+        "nic_address_to_slice": bench_nic_event_to_slice(),
         "flapping_debounced": bench_flapping(),
         "flapping_no_debounce": bench_flapping(debounce=0.0),
         "footprint": bench_footprint(10 if args.quick else 60),
