@@ -60,7 +60,13 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
     add(
         "--nvidia-driver-root",
         default=_env("NVIDIA_DRIVER_ROOT", "/"),
-        help="root of the NVIDIA user-space driver files (NVIDIA_DRIVER_ROOT)",
+        help="root of the NVIDIA user-space driver files, as the daemon sees it (NVIDIA_DRIVER_ROOT)",
+    )
+    add(
+        "--nvidia-driver-root-host",
+        default=_env("NVIDIA_DRIVER_ROOT_HOST", ""),
+        help="the same root on the host, where the container runtime resolves CDI mounts; "
+        "default: --nvidia-driver-root (NVIDIA_DRIVER_ROOT_HOST)",
     )
     add("--device-kinds", default=_env("DEVICE_KINDS", "gpu,nic"), help="kinds to serve: gpu,nic (DEVICE_KINDS)")
     add(
@@ -130,6 +136,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         sysfs_root=Path(ns.sysfs_root),
         dev_root=Path(ns.dev_root),
         nvidia_driver_root=Path(ns.nvidia_driver_root),
+        nvidia_driver_root_host=Path(ns.nvidia_driver_root_host) if ns.nvidia_driver_root_host else None,
         pod_uid=ns.pod_uid,
         device_kinds=parse_device_kinds(ns.device_kinds),
         list_attributes=ns.list_attributes,

@@ -49,6 +49,8 @@ class Config:
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
     nvidia_driver_root: Path = Path("/")
+    # The same root as the container runtime sees it on the host (CDI host paths); None = same path.
+    nvidia_driver_root_host: Path | None = None
     pod_uid: str = ""
     device_kinds: frozenset[DeviceKind] = field(default_factory=lambda: frozenset({DeviceKind.GPU, DeviceKind.NIC}))
     list_attributes: bool = False
@@ -90,6 +92,7 @@ class Config:
             ("--sysfs-root", self.sysfs_root),
             ("--dev-root", self.dev_root),
             ("--nvidia-driver-root", self.nvidia_driver_root),
+            ("--nvidia-driver-root-host", self.nvidia_driver_root_host or Path("/")),
         ):
             if not path.is_absolute():
                 raise ConfigError(f"{flag} {str(path)!r} must be an absolute path")

@@ -85,7 +85,7 @@ class Daemon:
         self.checkpoint = Checkpoint(self.data_dir, boot_id())
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         self.instance = InstanceLock(self.data_dir, config.pod_uid or uuid.uuid4().hex)
-        self.driver_files = find_driver_files(config.nvidia_driver_root)
+        self.driver_files = find_driver_files(config.nvidia_driver_root, config.nvidia_driver_root_host)
         self.preparer = Preparer(
             api=self.api,
             checkpoint=self.checkpoint,
@@ -139,7 +139,7 @@ class Daemon:
                 try:
                     devices = gpus.discover()
                     # A driver upgrade changes the user-space files; pick them up with the GPUs.
-                    self.driver_files = find_driver_files(cfg.nvidia_driver_root)
+                    self.driver_files = find_driver_files(cfg.nvidia_driver_root, cfg.nvidia_driver_root_host)
                     return devices
                 except NvmlUnavailable as e:
                     raise SourceUnavailable(str(e)) from e

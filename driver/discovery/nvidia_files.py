@@ -172,9 +172,12 @@ def _entry(root: Path, rel: PurePosixPath, want_dir: bool = False) -> tuple[str,
     return None
 
 
-def find_driver_files(driver_root: Path) -> DriverFiles:
+def find_driver_files(driver_root: Path, host_root: Path | None = None) -> DriverFiles:
     """Scan `driver_root` (the host's `/` or a driver container's root) for the driver's files.
 
+    `host_root` is where the container runtime finds that same root on the host, when the daemon
+    sees it elsewhere (the DaemonSet mounts the host's `/` at `/driver-root`): CDI host paths are
+    resolved by the runtime on the host, so they are re-rooted there.
     Unreadable or escaping entries are logged and skipped; a root without a driver yields an
     empty `DriverFiles`, and the claim specs then carry only device nodes.
     """
@@ -212,6 +215,13 @@ def find_driver_files(driver_root: Path) -> DriverFiles:
                 if found is not None:
                     firmware.append(found)
                     break
+    if host_root is not None and Path(os.path.abspath(host_root)) != root:
+        host = Path(os.path.abspath(host_root))
+
+        def rehome(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+            return [(str(host / Path(h).relative_to(root)), c) for h, c in pairs]
+
+        libraries, binaries, firmware = rehome(libraries), rehome(binaries), rehome(firmware)
     files = DriverFiles(tuple(libraries), tuple(binaries), tuple(firmware), version)
     if not libraries:
         log.warning("no NVIDIA driver libraries under %s: GPU containers get device nodes only", root)

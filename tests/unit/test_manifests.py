@@ -167,6 +167,13 @@ def test_paths_shared_with_kubelet_and_runtime_are_the_same_inside_and_out(daemo
     assert _host_path_of(path) == PurePosixPath(path)
 
 
+def test_cdi_host_paths_of_driver_files_name_the_hosts_driver_root(daemon_config: Config) -> None:
+    """The daemon reads the driver at /driver-root, but CDI mounts are resolved by the runtime on
+    the host: the host-side root must be where that volume really comes from."""
+    assert daemon_config.nvidia_driver_root_host is not None
+    assert _host_path_of(daemon_config.nvidia_driver_root) == PurePosixPath(daemon_config.nvidia_driver_root_host)
+
+
 def test_data_dir_mount_is_only_this_drivers_directory(daemon_config: Config) -> None:
     mount = _mount_for(daemon_config.data_dir)
     assert mount is not None and PurePosixPath(mount["mountPath"]) == PurePosixPath(daemon_config.data_dir)

@@ -28,6 +28,14 @@ def mounts(files: DriverFiles) -> dict[str, str]:
     return {c: h for h, c in files.mounts}
 
 
+def test_host_paths_are_rerooted_where_the_runtime_finds_the_driver(root: Path) -> None:
+    """The daemon sees the host's driver at /driver-root; the runtime resolves CDI host paths on the host."""
+    files = find_driver_files(root, host_root=Path("/"))
+    lib = next(h for h, c in files.libraries if c.endswith(f"libcuda.so.{VERSION}"))
+    assert lib == f"/{LIBS}/libcuda.so.{VERSION}"
+    assert [c for _, c in files.mounts] == [c for _, c in find_driver_files(root).mounts]
+
+
 def test_simulated_tree_yields_libraries_binaries_and_firmware(root: Path) -> None:
     files = find_driver_files(root)
     m = mounts(files)
