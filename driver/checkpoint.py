@@ -114,7 +114,8 @@ class Checkpoint:
         self._lock_path = data_dir / "serialize.lock"
         self._boot_id = boot_id
         self._mutex = threading.Lock()
-        self._cache: tuple[tuple[int, int, int], dict[str, ClaimRecord]] | None = None
+        self._cache: tuple[tuple[int, int, int, int], dict[str, ClaimRecord]] | None = None
+        self._cache_fd: int | None = None
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return locked(self._mutex, self._lock_path)
@@ -129,12 +130,24 @@ class Checkpoint:
             st = self.path.stat()
         except FileNotFoundError:
             return {}
-        key = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if self._cache is not None and self._cache[0] == key:
+        if self._cache is not None and self._cache[0] == _identity(st):
             return dict(self._cache[1])
         claims = self._parse()
-        self._cache = (key, dict(claims))
+        self._remember(claims)
         return claims
+
+    def _remember(self, claims: dict[str, ClaimRecord]) -> None:
+        """Cache what the file holds now, keeping it open: while this process holds the inode, a
+        later file (the other instance's atomic rewrite) cannot get the same inode number, so a
+        changed file is always noticed, even within one timestamp tick."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return
+        if self._cache_fd is not None:
+            os.close(self._cache_fd)
+        self._cache_fd = fd
+        self._cache = (_identity(os.fstat(fd)), dict(claims))
 
     def _parse(self) -> dict[str, ClaimRecord]:
         try:
@@ -152,7 +165,7 @@ class Checkpoint:
             return {uid: ClaimRecord.from_json(uid, c) for uid, c in raw.get("claims", {}).items()}
         except FileNotFoundError:
             return {}
-        except (ValueError, KeyError, TypeError) as e:
+        except Exception as e:  # any shape we cannot read: never a reason to crash-loop
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
             log.error("checkpoint %s is unreadable (%s); moved aside to %s, starting empty", self.path, e, aside)
@@ -166,8 +179,7 @@ class Checkpoint:
         }
         # Compact output uses the C encoder; indentation would switch to the pure-Python one.
         atomic_write(self.path, json.dumps(doc, separators=(",", ":")).encode(), mode=0o600)
-        st = self.path.stat()
-        self._cache = ((st.st_ino, st.st_mtime_ns, st.st_size), dict(claims))
+        self._remember(claims)
 
     def read(self) -> dict[str, ClaimRecord]:
         with self._locked():
@@ -184,6 +196,10 @@ class Checkpoint:
                 self._store(claims)
 
 
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+
+
 class InstanceLock:
     """Held (flock) for the whole life of a driver instance, so others can tell it is alive.
 
@@ -198,6 +214,8 @@ class InstanceLock:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._fd = os.open(self._dir / f"{instance_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        for other in self._dir.glob("*.lock"):  # tidy the locks of instances that died
+            self.is_alive(other.name.removesuffix(".lock"))
 
     def is_alive(self, instance_id: str) -> bool:
         if instance_id == self.instance_id:

@@ -27,15 +27,15 @@ class ConfigError(ValueError):
 
 
 def is_dns_subdomain(value: str, max_len: int = 253) -> bool:
-    return len(value) <= max_len and bool(_DNS_SUBDOMAIN.match(value))
+    return len(value) <= max_len and bool(_DNS_SUBDOMAIN.fullmatch(value))
 
 
 def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.match(value))
+    return len(value) <= 63 and bool(_DNS_LABEL.fullmatch(value))
 
 
 def is_uid(value: str) -> bool:
-    return bool(_UID.match(value))
+    return bool(_UID.fullmatch(value))
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ class Config:
             raise ConfigError(f"--netns {self.netns!r} must be the name of a namespace under /var/run/netns")
         if self.nic_link_source not in ("netlink", "sysfs"):
             raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
-        if self.metrics_address and not _LISTEN.match(self.metrics_address):
+        if self.metrics_address and not _LISTEN.fullmatch(self.metrics_address):
             raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT")
         return self
 

@@ -84,7 +84,9 @@ class Daemon:
         self.api = KubeAPI(config.kubeconfig)
         self.checkpoint = Checkpoint(self.data_dir, boot_id())
         self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
-        self.instance = InstanceLock(self.data_dir, config.pod_uid or uuid.uuid4().hex)
+        # Unique per process, not per pod: a container restarted in the same pod must see the
+        # prepares its dead predecessor left half done as dead, and roll them back.
+        self.instance = InstanceLock(self.data_dir, f"{config.pod_uid or 'local'}-{uuid.uuid4().hex[:8]}")
         self.driver_files = find_driver_files(config.nvidia_driver_root, config.nvidia_driver_root_host)
         self.preparer = Preparer(
             api=self.api,

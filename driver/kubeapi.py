@@ -218,18 +218,22 @@ class KubeAPI:
             raise _error_from(exc, what) from exc
         return _decode(resp, what)
 
-    def apply_claim_status(self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str) -> None:
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, uid: str = ""
+    ) -> None:
         """Server-side apply of `status.devices` (resource-api.md §9.4).
 
         SSA with our own field manager owns only the entries we send, so the scheduler's
         allocation and other drivers' device entries stay untouched; force=True takes over
         fields a previous incarnation of the driver (same manager) or a stray writer set.
+        With `uid`, the server refuses (409) to apply to a claim that was deleted and recreated
+        under the same name: a late call about the old claim must not rewrite the new one.
         """
         what = f"apply status of claim {namespace}/{name}"
         body = {
             "apiVersion": RESOURCE_API_VERSION,
             "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
+            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
             "status": {"devices": devices},
         }
         try:

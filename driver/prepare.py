@@ -108,15 +108,17 @@ def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, po
             )
         key = (r["pool"], r["device"], r.get("shareID"))
         names = (strip_subrequest(r["request"]),)
+        admin = bool(r.get("adminAccess", False))
         old = by_device.get(key)
-        if old is not None:  # one device serving several requests
+        if old is not None:  # one device serving several requests; any ordinary one makes it ordinary
             names = tuple(dict.fromkeys(old.request_names + names))
+            admin = admin and old.admin_access
         by_device[key] = DeviceRecord(
             request_names=names,
             pool=r["pool"],
             device=r["device"],
             share_id=r.get("shareID"),
-            admin_access=bool(r.get("adminAccess", False)),
+            admin_access=admin,
         )
     return list(by_device.values())
 
@@ -198,14 +200,16 @@ class Preparer:
         self._claim_locks_guard = threading.Lock()
 
     def close(self) -> None:
-        self._pool_exec.shutdown(wait=True)
+        self._pool_exec.shutdown(wait=True, cancel_futures=True)
 
     def _claim_lock(self, uid: str) -> threading.Lock:
         with self._claim_locks_guard:
             return self._claim_locks.setdefault(uid, threading.Lock())
 
-    def prepare(self, refs: Sequence[ClaimRef]) -> dict[str, PrepareResult]:
-        return dict(zip([r.uid for r in refs], self._pool_exec.map(self._prepare_one, refs), strict=True))
+    def prepare(self, refs: Sequence[ClaimRef], alive: Callable[[], bool] = lambda: True) -> dict[str, PrepareResult]:
+        """`alive` says whether the kubelet still waits for the answer (its call has a deadline)."""
+        results = self._pool_exec.map(lambda r: self._prepare_one(r, alive), refs)
+        return dict(zip([r.uid for r in refs], results, strict=True))
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         return dict(zip([r.uid for r in refs], self._pool_exec.map(self._unprepare_one, refs), strict=True))
@@ -215,18 +219,22 @@ class Preparer:
 
     # --- prepare ------------------------------------------------------------------------------
 
-    def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+    def _prepare_one(self, ref: ClaimRef, alive: Callable[[], bool]) -> PrepareResult:
         ctx = {"claim": ref.uid, "op": "prepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         with log_context(**ctx):
-            return self._prepare_logged(ref, ctx)
+            return self._prepare_logged(ref, ctx, alive)
 
-    def _prepare_logged(self, ref: ClaimRef, ctx: dict[str, str]) -> PrepareResult:
+    def _prepare_logged(self, ref: ClaimRef, ctx: dict[str, str], alive: Callable[[], bool]) -> PrepareResult:
         try:
             validate_ref(ref)
-            claim = self._api.get_claim(ref.namespace, ref.name)
-            records = allocated_devices(claim, ref, self._s.driver_name, self._s.pool)
-            planned = self._plan(claim, records)
+            # The claim lock covers the GET too: an Unprepare that arrives while a slow GET is in
+            # flight (the kubelet gave up on this call) then waits, and cleans up after us.
             with self._claim_lock(ref.uid):
+                claim = self._api.get_claim(ref.namespace, ref.name)
+                records = allocated_devices(claim, ref, self._s.driver_name, self._s.pool)
+                planned = self._plan(claim, records)
+                if not alive():
+                    raise ClaimError("the kubelet cancelled this call; nothing was prepared")
                 result = self._prepare_locked(ref, claim, records, planned, ctx)
             log.info("prepared %d device(s)", len(result.devices), extra=ctx)
             return result
@@ -259,6 +267,10 @@ class Preparer:
         planned: list[PlannedDevice],
         ctx: dict[str, str],
     ) -> PrepareResult:
+        try:
+            spec, ids = claim_spec(self._s.driver_name, ref.uid, planned, self._s.dev_root, self._driver_files())
+        except (ClaimSpecError, cdi.SpecError) as e:
+            raise ClaimError(f"claim {ref.namespace}/{ref.name} cannot be given to a container: {e}") from e
         # Phase 1: claim the devices in the checkpoint before touching anything else.
         with self._checkpoint.transaction() as claims:
             existing = claims.get(ref.uid)
@@ -276,19 +288,25 @@ class Preparer:
                 owner=self._instance.instance_id,
             )
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
-        try:
-            spec, ids = claim_spec(self._s.driver_name, ref.uid, planned, self._s.dev_root, self._driver_files())
-        except (ClaimSpecError, cdi.SpecError) as e:
-            raise ClaimError(f"claim {ref.namespace}/{ref.name} cannot be given to a container: {e}") from e
         if spec is not None:
             cdi.write_spec(self._s.cdi_root, spec, claim_spec_filename(self._s.driver_name, ref.uid))
         pod_claim_name = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION, "")
         metadata_ids = self._write_metadata(ref, pod_claim_name, planned, ctx)
         self._api.apply_claim_status(
-            ref.namespace, ref.name, status_entries(self._s, planned, _now()), field_manager=self._s.driver_name
+            ref.namespace,
+            ref.name,
+            status_entries(self._s, planned, _now()),
+            field_manager=self._s.driver_name,
+            uid=ref.uid,
         )
         done = _with_cdi_ids(records, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
+            mine = claims.get(ref.uid)
+            if mine is None or mine.state != STATE_STARTED or mine.owner != self._instance.instance_id:
+                # The other instance of a rolling update unprepared the claim meanwhile: the
+                # kubelet no longer wants it, so what this call wrote must not outlive it.
+                self._remove_files(ref.uid, ClaimRecord(namespace=ref.namespace, name=ref.name, uid=ref.uid))
+                raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
             claims[ref.uid] = ClaimRecord(
                 namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
             )
@@ -348,27 +366,34 @@ class Preparer:
         try:
             with self._claim_lock(ref.uid):
                 record = self._checkpoint.read().get(ref.uid)
-                self._remove_files(ref.namespace, ref.name, ref.uid)
                 if record is None:
                     log.info("claim was not prepared here; nothing to do", extra=ctx)
                     return ""
+                # Files are keyed by UID and by the recorded name, never by what this call says:
+                # a late Unprepare of an old claim must not touch a new claim of the same name.
+                self._remove_files(ref.uid, record)
                 self._clear_status(ref, ctx)
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
+            with self._claim_locks_guard:
+                self._claim_locks.pop(ref.uid, None)
             log.info("unprepared", extra=ctx)
             return ""
         except Exception as e:
             log.exception("unprepare failed", extra=ctx)
             return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
 
-    def _remove_files(self, namespace: str, name: str, uid: str) -> None:
+    def _remove_files(self, uid: str, record: ClaimRecord | None = None) -> None:
+        """The claim's CDI spec and metadata specs (by UID) and, with its record, its metadata dir."""
         cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid))
-        self._metadata.remove(namespace, name, uid)
+        self._metadata.remove_specs(uid)
+        if record is not None:
+            self._metadata.remove_claim_dir(record.namespace, record.name)
 
     def _clear_status(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
         """Withdraw our status.devices entries; the claim may already be gone, which is fine."""
         try:
-            self._api.apply_claim_status(ref.namespace, ref.name, [], field_manager=self._s.driver_name)
+            self._api.apply_claim_status(ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid)
         except Exception as e:
             log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
 
@@ -385,7 +410,7 @@ class Preparer:
                         record.name,
                         extra={"claim": uid, "op": "reconcile"},
                     )
-                    self._remove_files(record.namespace, record.name, uid)
+                    self._remove_files(uid, record)
                     del claims[uid]
             known_uids = set(claims)
             known_names = {(c.namespace, c.name) for c in claims.values()}

@@ -48,7 +48,7 @@ class _DRAPluginBase:
     def NodePrepareResources(self, request, context: grpc.ServicerContext):
         refs = _refs(request)
         t0 = time.monotonic()
-        results = self._preparer.prepare(refs)
+        results = self._preparer.prepare(refs, alive=context.is_active)
         errors = sum(1 for r in results.values() if r.error)
         self._observe("prepare", time.monotonic() - t0, len(refs), errors)
         resp = self.pb2.NodePrepareResourcesResponse()

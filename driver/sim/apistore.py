@@ -395,6 +395,14 @@ class Store:
         with self._cond:
             old = self._require(rtype, namespace, name)
             self._check_resource_version(rtype, name, old, (patch.get("metadata") or {}).get("resourceVersion"))
+            uid = (patch.get("metadata") or {}).get("uid")
+            if uid and uid != old["metadata"].get("uid"):
+                # As the real server does: a UID in the applied object is a precondition.
+                raise ApiError(
+                    409,
+                    f"Precondition failed: UID in precondition: {uid}, UID in object meta: {old['metadata'].get('uid')}",
+                    reason="Conflict",
+                )
             new = apissa.apply_status(old, applied, manager, force, now_rfc3339())
             return self._write_update(rtype, old, new, dry_run, applied=True)
 

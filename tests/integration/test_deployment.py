@@ -119,7 +119,7 @@ def _daemon_health(node: SimNode) -> dict[str, Any]:
 
 
 def _settled(srv: SimApiServer, node: SimNode, instance: str | None = None, timeout: float = 30) -> dict[str, Any]:
-    """Wait until `instance` (None: whichever) serves the status socket and is registered, and its
+    """Wait until `instance` (a pod UID; None: whichever) serves the status socket and is registered, and its
     publisher has synced at least once and then stayed still (no sync, no slice write) for QUIET s.
 
     Registration comes after the first discovery, so from then on the desired pool is final; a
@@ -135,7 +135,7 @@ def _settled(srv: SimApiServer, node: SimNode, instance: str | None = None, time
         if state != last:
             last, since = state, time.monotonic()
         elif (
-            instance in (None, info.get("instance"))
+            (instance is None or str(info.get("instance", "")).startswith(f"{instance}-"))
             and info.get("registered")
             and stats.get("syncs", 0) >= 1
             and time.monotonic() - since >= QUIET
@@ -326,7 +326,9 @@ def test_rolling_update_hands_over_claims_without_slice_churn(apiserver, sim_nod
         assert old.stop() == 0
         assert not old_reg.exists() and not old_dra.exists(), "the old instance left its sockets behind"
         assert new_reg.exists() and new_dra.exists(), "the old instance removed the new one's sockets"
-        assert _daemon_health(node).get("instance") == NEW_POD, "the status socket went with the old instance"
+        assert str(_daemon_health(node).get("instance")).startswith(f"{NEW_POD}-"), (
+            "the status socket went with the old instance"
+        )
         _assert_prepared(node, gpu_b)
         _assert_prepared(node, nic_a)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 from pathlib import Path
 
 from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
@@ -78,3 +79,27 @@ def test_two_processes_never_lose_each_others_writes(tmp_path: Path):
     for p in procs:
         p.join(60)
     assert set(Checkpoint(tmp_path, "b").read()) == {f"u{i}" for i in range(8)}
+
+
+def test_valid_json_of_the_wrong_shape_is_moved_aside_too(tmp_path: Path):
+    for shape in (["x"], "ab", {"d1": {"pool": "p", "device": "d"}}):
+        (tmp_path / "checkpoint.json").write_text(
+            json.dumps({"version": 1, "claims": {"u": {"namespace": "n", "name": "c", "devices": shape}}})
+        )
+        assert Checkpoint(tmp_path, "").read() == {}
+        assert not (tmp_path / "checkpoint.json").exists()
+
+
+def test_a_rewrite_by_another_instance_is_seen_even_with_the_same_size_and_time(tmp_path: Path):
+    """On coarse timestamps two same-size rewrites can share an mtime; the inode must tell them apart."""
+    path = tmp_path / "checkpoint.json"
+    mine, other = Checkpoint(tmp_path, "b"), Checkpoint(tmp_path, "b")
+    with mine.transaction() as claims:
+        claims["u1"] = _record("u1")
+    first = path.stat()
+    with other.transaction() as claims:
+        del claims["u1"]
+        claims["u2"] = _record("u2")
+    assert path.stat().st_size == first.st_size
+    os.utime(path, ns=(first.st_atime_ns, first.st_mtime_ns))  # as if written within the same tick
+    assert set(mine.read()) == {"u2"}

@@ -25,7 +25,12 @@ def test_keeps_only_this_driver_and_strips_subrequests():
         (("gpu", "mon"), "gpu-0", None),
         (("nic",), "pci-0000-8a-00-0", "s"),
     ]
-    assert got[0].admin_access is True
+    # One ordinary request makes the device ordinary: it stays under the in-use check.
+    assert got[0].admin_access is False
+    only_admin = _claim(
+        [{"request": "mon", "driver": "tandem.dev", "pool": "n1", "device": "gpu-1", "adminAccess": True}]
+    )
+    assert allocated_devices(only_admin, REF, "tandem.dev", "n1")[0].admin_access is True
 
 
 @pytest.mark.parametrize(
@@ -50,6 +55,9 @@ def test_rejections(claim, match):
         ClaimRef("ns", "c", ""),
         ClaimRef("NS", "c", "u"),
         ClaimRef("ns", "c" * 300, "u"),
+        ClaimRef("ns\n", "c", "u"),
+        ClaimRef("ns", "c\n", "u"),
+        ClaimRef("ns", "c", "u\n"),
     ],
 )
 def test_untrusted_references_are_rejected(ref):
