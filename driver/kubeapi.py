@@ -91,12 +91,17 @@ def _error_from(exc: Exception, what: str) -> ApiError:
 
 
 def _decode(resp: Any, what: str) -> dict[str, Any]:
+    """The body is read here, lazily (`_preload_content=False`): a connection that breaks or
+    times out mid-body raises from urllib3 now, and must still become an ApiError."""
     try:
         obj = json.loads(resp.data)
     except (ValueError, TypeError) as exc:
         raise ApiError(f"{what}: response is not JSON: {exc}", resp.status, retryable=True) from exc
+    except Exception as exc:
+        raise _error_from(exc, what) from exc
     finally:
-        _discard(resp)
+        with contextlib.suppress(Exception):
+            _discard(resp)
     if not isinstance(obj, dict):
         raise ApiError(f"{what}: response is not a JSON object", resp.status, retryable=True)
     return obj

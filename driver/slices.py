@@ -381,6 +381,16 @@ def list_attributes_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) 
     return False
 
 
+def taints_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the server silently dropped device taints we sent (DRADeviceTaints off, or a
+    server too old to know them): desired and live would then never agree."""
+    stored_devices = {d.get("name"): d for d in _devices(stored.get("spec"))}
+    return any(
+        dev.get("taints") and not (stored_devices.get(dev.get("name")) or {}).get("taints")
+        for dev in _devices(sent.get("spec"))
+    )
+
+
 # -- the publisher -------------------------------------------------------------------------------
 
 
@@ -456,6 +466,7 @@ class SlicePublisher:
         self._retry_at = 0.0
         self._last_write = float("-inf")
         self._list_mode = True
+        self._taint_mode = True
         self._stats = PublisherStats()
         self._skipped: set[str] = set()
         self._writing = False
@@ -522,6 +533,8 @@ class SlicePublisher:
         devices = [d for d in self._get_devices() if self._publishable(d)]
         if not self._list_mode:
             devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
+        if not self._taint_mode:
+            devices = [dataclasses.replace(d, taints=()) if d.taints else d for d in devices]
         assert self._node_uid is not None
         return build_slices(devices, self._driver, self._node, self._node_uid, 0, taint_times=taint_times_of(live))
 
@@ -558,7 +571,7 @@ class SlicePublisher:
                 with self._cond:
                     self._node_uid = ref.uid
                 break
-            except ApiError as exc:
+            except Exception as exc:  # never let the publisher thread die: retry everything
                 log.warning("resolving node %s failed (will retry): %s", self._node, exc)
                 self._stop.wait(backoff.next())
         backoff.reset()
@@ -567,7 +580,7 @@ class SlicePublisher:
             try:
                 rv = self._relist()
                 break
-            except ApiError as exc:
+            except Exception as exc:
                 log.warning("listing ResourceSlices failed (will retry): %s", exc)
                 self._stop.wait(backoff.next())
         if self._stop.is_set():
@@ -606,6 +619,23 @@ class SlicePublisher:
             return False
         self._fall_back_to_scalars()
         return True
+
+    def _stop_publishing_taints(self) -> None:
+        with self._cond:
+            if not self._taint_mode:
+                return
+            log.error(
+                "the API server does not store device taints (feature gate DRADeviceTaints off?): "
+                "unhealthy devices stay schedulable; publishing without taints to avoid endless rewrites"
+            )
+            self._taint_mode = False
+            self._mark_dirty()
+
+    @property
+    def taints_active(self) -> bool:
+        """False once the server was seen dropping device taints."""
+        with self._cond:
+            return self._taint_mode
 
     def _fall_back_to_scalars(self) -> None:
         with self._cond:
@@ -691,6 +721,8 @@ class SlicePublisher:
             self._put_live(name, stored)
         if self._list_mode and list_attributes_dropped(sent, stored):
             self._fall_back_to_scalars()
+        if self._taint_mode and taints_dropped(sent, stored):
+            self._stop_publishing_taints()
 
     def _put_live(self, name: str, obj: dict[str, Any]) -> bool:
         """Cache `obj` unless the cache already holds a newer version. Caller holds _cond."""
@@ -747,14 +779,14 @@ class SlicePublisher:
                         rv = obj_rv
                     if etype in ("ADDED", "MODIFIED", "DELETED"):
                         self._apply_event(etype, obj)
-            except ApiError as exc:
+            except Exception as exc:
                 if self._stop.is_set():
                     return
                 log.info("ResourceSlice watch failed (%s); listing again", exc)
                 self._stop.wait(backoff.next())
                 try:
                     rv = self._relist()
-                except ApiError as list_exc:
+                except Exception as list_exc:
                     log.warning("listing ResourceSlices failed: %s", list_exc)
                 continue
             # The server ended the watch. Resume from the last version seen; a server that keeps

@@ -201,6 +201,15 @@ class SimApiServer:
     def list_attributes_enabled(self, value: bool) -> None:
         self.store.list_attributes_enabled = value
 
+    @property
+    def device_taints_enabled(self) -> bool:
+        """False simulates the DRADeviceTaints gate being off (or an older server): taints are dropped."""
+        return self.store.device_taints_enabled
+
+    @device_taints_enabled.setter
+    def device_taints_enabled(self, value: bool) -> None:
+        self.store.device_taints_enabled = value
+
     # --- in-process access ----------------------------------------------------------------------
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:

@@ -67,6 +67,7 @@ class Store:
     validate: bool = True
     history: int = 1000
     list_attributes_enabled: bool = True
+    device_taints_enabled: bool = True
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _objects: dict[str, dict[Key, dict[str, Any]]] = field(
         default_factory=lambda: {t.plural: {} for t in RESOURCE_TYPES}
@@ -459,6 +460,10 @@ class Store:
             _has_list_attribute(d) for d in ((old.get("spec") or {}).get("devices") or [])
         )
         drop_lists = not self.list_attributes_enabled and not old_uses_lists
+        old_uses_taints = old is not None and any(
+            d.get("taints") for d in ((old.get("spec") or {}).get("devices") or [])
+        )
+        drop_taints = not self.device_taints_enabled and not old_uses_taints
         stamp = now_rfc3339()
         for device in spec.get("devices") or []:
             if not isinstance(device, dict):
@@ -468,6 +473,8 @@ class Store:
                     for list_field in apivalidate.LIST_VALUE_FIELDS:
                         if isinstance(attr, dict):
                             attr.pop(list_field, None)
+            if drop_taints:
+                device.pop("taints", None)  # a disabled gate drops the field, as the real strategy does
             for taint in device.get("taints") or []:
                 if isinstance(taint, dict) and not taint.get("timeAdded"):
                     taint["timeAdded"] = stamp

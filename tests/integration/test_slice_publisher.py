@@ -374,3 +374,18 @@ def test_list_attributes_kept_when_server_supports_them(
     assert pub.list_attributes_active
     (s,) = live_slices(srv)
     assert s["spec"]["devices"][0]["attributes"] == {NUMA_NODE: {"ints": [1, 0]}}
+
+
+def test_taints_dropped_by_the_server_do_not_cause_endless_rewrites(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    srv.device_taints_enabled = False
+    taint = Taint("tandem.dev/xid", TaintEffect.NO_SCHEDULE, "79")
+    devices = Devices([gpu(0, taints=(taint,)), gpu(1)])
+    pub = make_publisher(devices)
+    assert _poll(lambda: not pub.taints_active)
+    assert pub.wait_synced(DEADLINE)
+    writes = pub.stats.writes
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    assert pub.stats.writes == writes, "a synced pool must not be rewritten"
