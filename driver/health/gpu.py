@@ -202,11 +202,18 @@ class GpuHealthMonitor:
             if session is None:
                 self._stop.wait(retry.next())
                 continue
-            retry.reset()
+            with self._counters_lock:
+                probes_before = self._counters.probes
             try:
                 self._loop(session)
             except _Reinit as e:
                 log.warning("NVML went away (%s); initialising it again", e)
+                self._count(errors=1)
+                with self._counters_lock:
+                    worked = self._counters.probes > probes_before
+                if worked:  # only a session that got somewhere earns a fast retry
+                    retry.reset()
+                self._stop.wait(retry.next())
             except Exception:  # a bug must not end health monitoring for good
                 log.exception("GPU health monitor failed; starting over")
                 self._count(errors=1)

@@ -331,3 +331,15 @@ def test_pre_ampere_page_retirement_and_ecc_disabled(node: Callable[[NodeProfile
     n.write()
     n.probe()
     assert n.taints("gpu-0") == set()
+
+
+def test_an_error_that_asks_for_reinit_backs_off_instead_of_spinning(node: Callable[[NodeProfile], Node]) -> None:
+    n = node(h100_node(gpus=1, nics=0))
+    n.profile.gpus[0].nvml_errors = {"nvmlDeviceGetTotalEccErrors": 18}  # LIB_RM_VERSION_MISMATCH: re-init
+    n.write()
+    monitor = n.start(init_backoff=Backoff(initial=0.2, maximum=0.4, jitter=0.0))
+    wait_for("a few re-initialisations", lambda: monitor.counters().nvml_inits >= 3)
+    inits = monitor.counters().nvml_inits
+    # Within one more backoff period at most a couple more inits can happen, never thousands.
+    wait_for("one backoff period", lambda: monitor.counters().errors >= 3)
+    assert monitor.counters().nvml_inits - inits < 10
