@@ -208,6 +208,10 @@ class GpuDiscovery:
         self.list_attributes = list_attributes
         self.proc_root = proc_root
         self.driver_root = driver_root
+        # Last devices published per GPU (PCI address): a GPU that stops answering NVML but is
+        # still on the PCI bus (fallen off after XID 79, wedged) stays published, so the health
+        # monitor's gpu-lost taint stays on it and evicts its pods instead of vanishing with it.
+        self._last: dict[str, list[Device]] = {}
 
     def discover(self) -> list[Device]:
         try:
@@ -220,12 +224,38 @@ class GpuDiscovery:
         except nvml.NVMLError as e:
             raise NvmlUnavailable(f"nvmlInit failed: {e}") from e
         try:
-            return _Session(self, nvml).devices()
+            session = _Session(self, nvml)
+            return self._keep_unreadable(session.devices(), session.read_bdfs)
         finally:
             try:
                 nvml.nvmlShutdown()
             except nvml.NVMLError as e:
                 log.warning("nvmlShutdown failed: %s", e)
+
+    def _keep_unreadable(self, devices: list[Device], read_bdfs: set[str]) -> list[Device]:
+        """`devices` plus the last-known devices of GPUs NVML no longer answers for but sysfs still lists."""
+        kept: list[Device] = []
+        for bdf, last in self._last.items():
+            if bdf in read_bdfs:
+                continue
+            if (self.sysfs_root / "bus/pci/devices" / bdf).exists():
+                log.warning("GPU %s does not answer NVML but is still on the PCI bus; keeping %s published", bdf,
+                            ", ".join(d.name for d in last))  # fmt: skip
+                kept += last
+            else:
+                log.info("GPU %s left the PCI bus; unpublishing %s", bdf, ", ".join(d.name for d in last))
+        present = {d.name for d in devices}
+        result = devices + [d for d in kept if d.name not in present]
+        self._last = _group_by_gpu(result)
+        return sorted(result, key=_sort_key)
+
+
+def _group_by_gpu(devices: list[Device]) -> dict[str, list[Device]]:
+    out: dict[str, list[Device]] = {}
+    for d in devices:
+        if d.gpu is not None and d.gpu.pci_bus_id:
+            out.setdefault(d.gpu.pci_bus_id, []).append(d)
+    return out
 
 
 _NVML_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "lib64", "usr/lib")
@@ -258,6 +288,7 @@ class _Session:
     def __init__(self, config: GpuDiscovery, nvml: ModuleType) -> None:
         self.config = config
         self.nvml = nvml
+        self.read_bdfs: set[str] = set()  # GPUs NVML answered for (whatever they publish)
 
     def devices(self) -> list[Device]:
         nvml = self.nvml
@@ -327,6 +358,8 @@ class _Session:
             mig_capable, mig_mode = False, False
 
         bdf = self._bus_id(where, handle)
+        if bdf:
+            self.read_bdfs.add(bdf)
         common = {**self._properties(where, handle), **system}
         if bdf:
             common.update(topology_attributes(self.config.sysfs_root, bdf, self.config.list_attributes))

@@ -331,3 +331,21 @@ def test_nvml_is_preloaded_from_the_mounted_driver_root(tmp_path: Path) -> None:
     real = next(Path("/").glob("usr/lib/*-linux-gnu/libz.so.1"), None) or next(Path("/").glob("lib/*/libz.so.1"))
     lib.write_bytes(real.read_bytes())  # any loadable shared object stands in for libnvidia-ml
     assert preload_nvml(tmp_path) == lib
+
+
+def test_a_gpu_that_stops_answering_but_stays_on_the_bus_stays_published(tmp_path: Path) -> None:
+    """Its gpu-lost taint must stay on a published device (and evict), not vanish with the device."""
+    profile = h100_node(gpus=3, nics=0)
+    render_node(profile, tmp_path / "sys", tmp_path / "dev")
+    state = tmp_path / "nvml.json"
+    sim_nvml.write_state(profile, state)
+    with sim_nvml.fake_pynvml_in_process(state):
+        discovery = GpuDiscovery(tmp_path / "sys")
+        before = {d.name: d for d in discovery.discover()}
+        profile.gpus[1].lost = True
+        sim_nvml.write_state(profile, state)
+        during = {d.name: d for d in discovery.discover()}
+        assert during["gpu-1"] == before["gpu-1"]
+        # Removed from the PCI bus for real (hot-unplug): then it goes.
+        (tmp_path / "sys/bus/pci/devices" / profile.gpus[1].pci_bus_id).unlink()
+        assert "gpu-1" not in {d.name for d in discovery.discover()}
