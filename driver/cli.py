@@ -104,7 +104,7 @@ def _add_run_flags(p: argparse.ArgumentParser) -> None:
         "--link-debounce",
         type=float,
         default=float(_env("LINK_DEBOUNCE", "2")),
-        help="seconds a NIC link must stay down (or up) before its taint changes (LINK_DEBOUNCE)",
+        help="seconds a NIC link change must hold before its taint or published state changes (LINK_DEBOUNCE)",
     )
     add(
         "--netns",

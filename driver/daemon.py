@@ -155,9 +155,15 @@ class Daemon:
                 list_attributes=cfg.list_attributes,
                 netns=cfg.netns or None,
                 netlink=use_netlink,
+                link_hold=cfg.link_debounce,
+                link_events=lambda ifname: self._nic_watcher.link_events(ifname) if self._nic_watcher else 0,
             )
             loop = RefreshLoop(
-                "nic", lambda: nics.discover(keep=self._allocated_nics), self.inventory, cfg.rediscover_period
+                "nic",
+                lambda: nics.discover(keep=self._allocated_nics),
+                self.inventory,
+                cfg.rediscover_period,
+                wake_at=lambda: nics.pending_until,
             )
             sources.append(loop)
             # Link and address events rediscover within a second, coalesced; the loop's period

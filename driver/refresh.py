@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from driver.backoff import Backoff, Retry
@@ -29,11 +30,14 @@ class RefreshLoop:
         inventory: Inventory,
         period: float,
         backoff: Backoff | None = None,
+        wake_at: Callable[[], float | None] | None = None,
     ) -> None:
+        """`wake_at`: a monotonic time at which the source wants to run again (a held change)."""
         self.name = name
         self._discover = discover
         self._inventory = inventory
         self._period = period
+        self._wake_at = wake_at
         self._retry = Retry(backoff or Backoff())
         self._wake = threading.Event()
         self._first_run = threading.Event()
@@ -77,7 +81,8 @@ class RefreshLoop:
         self.last_error = ""
         self._retry.reset()
         self._inventory.replace(self.name, devices)
-        return self._period
+        due = self._wake_at() if self._wake_at else None
+        return self._period if due is None else min(self._period, max(0.0, due - time.monotonic()) + 0.01)
 
     def _run(self) -> None:
         while not self._stop.is_set():

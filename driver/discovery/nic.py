@@ -154,6 +154,9 @@ class NicDiscovery:
         skip_default_route: bool = True,
         exclude_interfaces: Iterable[str] = (),
         netlink: bool = True,
+        link_hold: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
+        link_events: Callable[[str], int] | None = None,
     ) -> None:
         self.sysfs_root = Path(sysfs_root)
         self.dev_root = Path(dev_root)
@@ -164,6 +167,22 @@ class NicDiscovery:
         self.use_netlink = netlink
         self._lock = threading.Lock()
         self._last_known: dict[str, Device] = {}
+        # Link facts (state, speed, portState) change on every flap of a bad cable; published as
+        # they are, each flap would be a ResourceSlice write seen by every scheduler. A new value is
+        # published once it has held for `link_hold` seconds (health taints do the same).
+        self.link_hold = link_hold
+        self._clock = clock
+        # Discovery only samples; with netlink, this counts the link messages between two samples,
+        # so a link that went down and up again unseen still restarts the hold.
+        self._link_events = link_events or (lambda _name: 0)
+        self._held: dict[str, _HeldLink] = {}
+
+    @property
+    def pending_until(self) -> float | None:
+        """When a held link change becomes due (clock time): rediscover then to publish it."""
+        with self._lock:
+            due = [h.since + self.link_hold for h in self._held.values() if h.candidate is not None]
+        return min(due) if due else None
 
     # ----------------------------------------------------------------------------- public
 
@@ -196,7 +215,28 @@ class NicDiscovery:
                 absent = self._absent(bdf)
                 if absent is not None:
                     devices[bdf] = absent
-            return sorted(devices.values(), key=lambda d: d.name)
+            held = {bdf: self._hold_link_facts(bdf, d) for bdf, d in devices.items()}
+            self._held = {bdf: h for bdf, h in self._held.items() if bdf in devices}
+            return sorted(held.values(), key=lambda d: d.name)
+
+    def _hold_link_facts(self, bdf: str, device: Device) -> Device:
+        facts = {k: device.attributes.get(k) for k in LINK_FACTS}
+        held = self._held.get(bdf)
+        now = self._clock()
+        events = self._link_events(device.nic.ifname) if device.nic else 0
+        if held is None or self.link_hold <= 0 or not (device.nic and device.nic.present):
+            self._held[bdf] = _HeldLink(facts, events=events)  # first sight, no hold, or moved away: at once
+            return device
+        if facts == held.published:
+            held.candidate = None
+        elif facts != held.candidate or events != held.events:
+            held.candidate, held.since = facts, now
+        held.events = events
+        if held.candidate is not None and now - held.since >= self.link_hold:
+            held.published, held.candidate = held.candidate, None
+        attrs = {k: v for k, v in device.attributes.items() if k not in LINK_FACTS}
+        attrs.update({k: v for k, v in held.published.items() if v is not None})
+        return replace(device, attributes=attrs)
 
     # ----------------------------------------------------------------------------- netdevs
 
@@ -509,6 +549,17 @@ def _fit_limits(bdf: str, attrs: dict[str, AttrValue]) -> dict[str, AttrValue]:
     return out
 
 
+LINK_FACTS = ("state", "speed", "portState")
+
+
+@dataclass
+class _HeldLink:
+    published: dict[str, AttrValue | None]
+    candidate: dict[str, AttrValue | None] | None = None
+    since: float = 0.0
+    events: int = 0
+
+
 class NicWatcher:
     """A thread that turns netlink link/address events into calls of `callback`.
 
@@ -536,6 +587,7 @@ class NicWatcher:
         self.max_delay = max_delay
         self.use_netlink = netlink
         self.events = 0  # netlink messages received
+        self._link_events: dict[str, int] = {}  # link messages per interface name
         self.callbacks = 0
         self._sock: socket.socket | None = None
         self._wake_r, self._wake_w = -1, -1
@@ -543,6 +595,10 @@ class NicWatcher:
         self._thread: threading.Thread | None = None
         self._pending_since: float | None = None
         self._last_event = 0.0
+
+    def link_events(self, ifname: str) -> int:
+        """Link messages seen for `ifname` so far: tells a link that flapped between two looks."""
+        return self._link_events.get(ifname, 0)
 
     @property
     def idle(self) -> bool:
@@ -620,6 +676,8 @@ class NicWatcher:
                 log.info("netlink event socket: %s; rescanning", e)
                 return True
             self.events += netlink.count_messages(data)
+            for event in netlink.parse_link_events(data):
+                self._link_events[event.state.name] = self._link_events.get(event.state.name, 0) + 1
             got = True
 
     def _drain_wake(self) -> bool:

@@ -8,6 +8,7 @@ taint the device until it comes back. Needs root (network namespaces).
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,22 @@ def test_link_down_taints_and_up_clears(apiserver, served):
     ), daemon.log_text()
     ip(ns, "link", "set", "ens1f0np0p", "up")
     assert poll(lambda: not _device(apiserver, node).get("taints"), 20), daemon.log_text()
+
+
+def test_a_flapping_link_causes_no_slice_writes(apiserver, served):
+    ns, node, daemon = served
+    writes_before = _slice_writes(apiserver)
+    for _ in range(8):  # each state lasts longer than the watcher's coalescing, shorter than the debounce
+        ip(ns, "link", "set", "ens1f0np0p", "down")
+        time.sleep(0.25)
+        ip(ns, "link", "set", "ens1f0np0p", "up")
+        time.sleep(0.25)
+    # A lasting change afterwards still gets through: the slice shows it, so the flaps were seen.
+    ip(ns, "addr", "add", "192.0.2.9/24", "dev", "ens1f0np0")
+    assert poll(lambda: attribute(_device(apiserver, node), "ipv4") == "192.0.2.9/24", 20), daemon.log_text()
+    assert _slice_writes(apiserver) - writes_before <= 2, "link flaps must not become slice writes"
+    assert attribute(_device(apiserver, node), "state") == "up"
+
+
+def _slice_writes(apiserver) -> int:
+    return sum(1 for r in apiserver.requests if r.resource == "resourceslices" and r.method in ("POST", "PUT"))

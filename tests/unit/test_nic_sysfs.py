@@ -486,3 +486,45 @@ def test_watcher_on_a_missing_namespace_fails_at_start() -> None:
     w = NicWatcher(lambda: None, netns=f"tandem-no-such-ns-{os.getpid()}")
     with pytest.raises(NicDiscoveryError, match="cannot subscribe"):
         w.start()
+
+
+def test_link_facts_are_published_only_once_they_hold(tmp_path: Path) -> None:
+    """A flapping link must not rewrite the slice on every flap; a lasting change gets through."""
+    nic = h100_node(gpus=0, nics=1).nics[0]
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    render_nic(nic, sysfs, dev)
+    now = [0.0]
+    disc = NicDiscovery(sysfs, dev, netlink=False, link_hold=2.0, clock=lambda: now[0])
+    operstate = sysfs / "class/net" / nic.ifname / "operstate"
+
+    def state() -> object:
+        return disc.discover()[0].attributes.get("state")
+
+    assert state() == "up"
+    for t in range(10):  # flaps faster than the hold: the published state never moves
+        now[0] = t * 0.3
+        operstate.write_text("down\n" if t % 2 == 0 else "up\n")
+        assert state() == "up"
+    operstate.write_text("down\n")
+    now[0] = 10.0
+    assert state() == "up" and disc.pending_until == 12.0
+    now[0] = 12.0
+    assert state() == "down" and disc.pending_until is None
+
+
+def test_flaps_between_two_looks_restart_the_hold(tmp_path: Path) -> None:
+    """Discovery samples; netlink's per-link message count tells it the link moved in between."""
+    nic = h100_node(gpus=0, nics=1).nics[0]
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    render_nic(nic, sysfs, dev)
+    now, events = [0.0], [0]
+    disc = NicDiscovery(
+        sysfs, dev, netlink=False, link_hold=2.0, clock=lambda: now[0], link_events=lambda _name: events[0]
+    )
+    assert disc.discover()[0].attributes["state"] == "up"
+    (sysfs / "class/net" / nic.ifname / "operstate").write_text("down\n")
+    disc.discover()  # candidate "down" from t=0
+    now[0], events[0] = 3.0, 4  # up-down-up-down happened unseen: not stable for 2 s after all
+    assert disc.discover()[0].attributes["state"] == "up"
+    now[0] = 5.0  # quiet since t=3
+    assert disc.discover()[0].attributes["state"] == "down"
