@@ -40,6 +40,7 @@ the same whatever order the kernel reports addresses in. `NicInfo` always carrie
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
@@ -588,6 +589,7 @@ class NicWatcher:
         self.use_netlink = netlink
         self.events = 0  # netlink messages received
         self._link_events: dict[str, int] = {}  # link messages per interface name
+        self._wake_lock = threading.Lock()
         self.callbacks = 0
         self._sock: socket.socket | None = None
         self._wake_r, self._wake_w = -1, -1
@@ -615,25 +617,36 @@ class NicWatcher:
                 raise NicDiscoveryError(f"cannot subscribe to netlink events of {where}: {e}") from e
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="nic-watcher", daemon=True)
         self._thread.start()
 
     def trigger(self) -> None:
-        if self._wake_w >= 0:
-            os.write(self._wake_w, b"t")
+        self._wake(b"t")
+
+    def _wake(self, what: bytes) -> None:
+        with self._wake_lock:
+            if self._wake_w >= 0:
+                with contextlib.suppress(BlockingIOError):  # a full pipe already says "wake up"
+                    os.write(self._wake_w, what)
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stopping.set()
-        if self._wake_w >= 0:
-            os.write(self._wake_w, b"s")
+        self._wake(b"s")
         if self._thread is not None:
             self._thread.join(timeout)
+            if self._thread.is_alive():
+                # A slow callback still runs and will select() on these descriptors: leave them
+                # open (the thread exits at its next loop) rather than close them under it.
+                log.warning("NIC watcher still busy after %.0f s; leaving it to finish", timeout)
+                return
         if self._sock is not None:
             self._sock.close()
-        for fd in (self._wake_r, self._wake_w):
+        with self._wake_lock:
+            fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
+        for fd in fds:
             if fd >= 0:
                 os.close(fd)
-        self._wake_r = self._wake_w = -1
 
     def _run(self) -> None:
         next_resync = time.monotonic() + self.resync_period
