@@ -290,8 +290,7 @@ class Preparer:
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
         if spec is not None:
             cdi.write_spec(self._s.cdi_root, spec, claim_spec_filename(self._s.driver_name, ref.uid))
-        pod_claim_name = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION, "")
-        metadata_ids = self._write_metadata(ref, pod_claim_name, planned, ctx)
+        metadata_ids = self._write_metadata(ref, claim, planned, ctx)
         self._api.apply_claim_status(
             ref.namespace,
             ref.name,
@@ -313,8 +312,15 @@ class Preparer:
         return PrepareResult(devices=done)
 
     def _write_metadata(
-        self, ref: ClaimRef, pod_claim_name: str, planned: list[PlannedDevice], ctx: dict[str, str]
+        self, ref: ClaimRef, claim: dict[str, Any], planned: list[PlannedDevice], ctx: dict[str, str]
     ) -> dict[str, str]:
+        # Metadata names requests as allocated ("req/sub"), as the reference library does; the
+        # kubelet's response uses the parent name only.
+        refs: dict[tuple[str, str | None], list[str]] = {}
+        for r in claim["status"]["allocation"]["devices"].get("results") or []:
+            if r.get("driver") == self._s.driver_name:
+                refs.setdefault((r["device"], r.get("shareID")), []).append(r["request"])
+        pod_claim_name = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION, "")
         devices = [
             MetadataDevice(
                 request=request,
@@ -324,7 +330,7 @@ class Preparer:
                 network_data=network_data(p),
             )
             for p in planned
-            for request in p.request_names
+            for request in refs.get((p.device.name, p.share_id), list(p.request_names))
         ]
         try:
             return self._metadata.write(ref.namespace, ref.name, ref.uid, pod_claim_name, devices)

@@ -1,4 +1,5 @@
-"""Races the kubelet and a rolling update can produce, played with two Preparers on one data dir.
+"""The Preparer against a fake API: races the kubelet and a rolling update can produce (two
+Preparers on one data dir), and how requests are named in the device metadata.
 
 The API is a fake whose status apply can be held, so the test decides exactly when the other
 party acts: what matters is what is left on disk and in the checkpoint afterwards.
@@ -6,6 +7,7 @@ party acts: what matters is what is left on disk and in the checkpoint afterward
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 from typing import Any
@@ -116,3 +118,13 @@ def test_a_cancelled_call_prepares_nothing(setup):
     result = a.prepare([ref], alive=lambda: False)[ref.uid]
     assert "cancelled" in result.error
     assert Checkpoint(data, "boot").read() == {} and _files(data, cdi_root) == []
+
+
+def test_metadata_names_the_subrequest_and_the_response_its_parent(setup):
+    api, a, _, data, _ = setup
+    ref = api.add("default", "c", "uid-1")
+    api.claims[("default", "c")]["status"]["allocation"]["devices"]["results"][0]["request"] = "gpu/large"
+    result = a.prepare([ref])[ref.uid]
+    assert result.devices[0].request_names == ("gpu",)
+    doc, _ = json.JSONDecoder().raw_decode((data / "dra-device-metadata/default_c/gpu/metadata.json").read_text())
+    assert doc["requests"][0]["name"] == "gpu/large"
