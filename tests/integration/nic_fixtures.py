@@ -41,9 +41,9 @@ def ip_batch(ns: str, lines: list[str]) -> None:
     subprocess.run(["ip", "-n", ns, "-b", "-"], input="\n".join(lines) + "\n", check=True, text=True)
 
 
-def veth(ns: str, name: str, mac: str, up: bool = True) -> None:
-    """A veth pair `name`/`name`p; the peer stays unmapped (no PCI function)."""
-    ip(ns, "link", "add", name, "address", mac, "type", "veth", "peer", "name", f"{name}p")
+def veth(ns: str, name: str, mac: str, up: bool = True, mtu: int = 1500) -> None:
+    """A veth pair `name`/`name`p; the peer stays unmapped (no PCI function: a link discovery skips)."""
+    ip(ns, "link", "add", name, "address", mac, "mtu", str(mtu), "type", "veth", "peer", "name", f"{name}p")
     if up:
         ip(ns, "link", "set", f"{name}p", "up")
         ip(ns, "link", "set", name, "up")

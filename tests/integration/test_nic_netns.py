@@ -10,88 +10,39 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import subprocess
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from nic_fixtures import SysfsFixture, ip, ip_batch, make_netns, nic_spec, veth, wait_for
 
 from driver.discovery.nic import ABSENT_STATE, MAX_ATTRIBUTES, MAX_VALUES, NicDiscovery, NicWatcher
 from driver.model import Device
-from driver.sim.nics import render_netdev, render_nic
+from driver.sim.nics import render_netdev
 from driver.sim.profile import NicSpec
-
-
-def _make_netns(tag: str) -> str:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create network namespaces")
-    if shutil.which("ip") is None:
-        pytest.skip("needs iproute2's `ip`")
-    name = f"tandem-{tag}-{uuid.uuid4().hex[:8]}"
-    result = subprocess.run(["ip", "netns", "add", name], capture_output=True, text=True)
-    if result.returncode != 0:
-        pytest.skip(f"`ip netns add` failed: {result.stderr.strip()}")
-    return name
 
 
 @pytest.fixture
 def netns(request: pytest.FixtureRequest) -> str:
-    name = _make_netns("t")
-    request.addfinalizer(lambda: subprocess.run(["ip", "netns", "del", name], check=False))
-    return name
+    return make_netns(request, "t")
 
 
 @pytest.fixture
 def pod_netns(request: pytest.FixtureRequest) -> str:
-    name = _make_netns("pod")
-    request.addfinalizer(lambda: subprocess.run(["ip", "netns", "del", name], check=False))
-    return name
-
-
-def ip(ns: str, *args: str) -> None:
-    subprocess.run(["ip", "-n", ns, *args], check=True, capture_output=True, text=True)
-
-
-def ip_batch(ns: str, lines: list[str]) -> None:
-    subprocess.run(["ip", "-n", ns, "-b", "-"], input="\n".join(lines) + "\n", check=True, text=True)
-
-
-def veth(ns: str, name: str, mac: str, mtu: int = 1500, up: bool = True) -> None:
-    """A veth pair `name`/`name`p; the peer stays unmapped (a virtual link discovery must skip)."""
-    ip(ns, "link", "add", name, "address", mac, "mtu", str(mtu), "type", "veth", "peer", "name", f"{name}p")
-    if up:
-        ip(ns, "link", "set", f"{name}p", "up")
-        ip(ns, "link", "set", name, "up")
+    return make_netns(request, "pod")
 
 
 def nic(n: int, ifname: str, **kw) -> NicSpec:
-    values = dict(
-        pci_address=f"0000:{0x8A + n:02x}:00.0",
-        pcie_root="pci0000:80",
-        numa_node=0,
-        ifname=ifname,
-        mac=f"02:00:00:00:00:{n:02x}",
-        rdma_device=f"mlx5_{n}",
-        uverbs_index=n,
-        mtu=9000,  # sysfs says 9000; netlink's value must win
-    )
-    values.update(kw)
-    return NicSpec(**values)
+    return nic_spec(n, ifname, **{"mtu": 9000, **kw})  # sysfs says 9000; netlink's value must win
 
 
-class Fixture:
+class Fixture(SysfsFixture):
     """The sysfs/dev fixture tree plus a discovery bound to the test namespace."""
 
     def __init__(self, root: Path, ns: str) -> None:
-        self.sys, self.dev, self.ns = root / "sys", root / "dev", ns
-        (self.sys / "class/net").mkdir(parents=True)
-        self.dev.mkdir()
-
-    def map(self, *specs: NicSpec) -> None:
-        for s in specs:
-            render_nic(s, self.sys, self.dev)
+        super().__init__(root)
+        self.ns = ns
 
     def discovery(self, **kw) -> NicDiscovery:
         return NicDiscovery(self.sys, self.dev, netns=self.ns, **kw)
@@ -113,14 +64,6 @@ class Fixture:
 @pytest.fixture
 def fx(tmp_path: Path, netns: str) -> Fixture:
     return Fixture(tmp_path, netns)
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout}s")
-        time.sleep(0.01)
 
 
 def test_netlink_gives_link_facts_and_sysfs_gives_identity(fx: Fixture) -> None:
