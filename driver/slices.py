@@ -96,9 +96,11 @@ def split_devices(api_devices: Sequence[dict[str, Any]]) -> list[list[dict[str, 
     return chunks or [[]]
 
 
-def generate_name(node_name: str, driver_name: str) -> str:
-    """`<node>-<driver>-`, made a valid DNS-subdomain prefix the apiserver will not cut."""
-    raw = f"{node_name}-{driver_name}".lower()
+def generate_name(node_name: str, driver_name: str, index: int = 0, count: int = 1) -> str:
+    """`<index in hex>-<driver>-<node>-` as the Go kubeletplugin library names slices (the
+    allocator sorts slices by name), made a valid DNS-subdomain prefix the apiserver will not cut."""
+    width = max(5, len(f"{max(count - 1, 0):x}"))
+    raw = f"{index:0{width}x}-{driver_name}-{node_name}".lower()
     name = re.sub(r"[^a-z0-9.-]", "-", raw).strip(".-") or "slice"
     return name[: _MAX_GENERATE_NAME - 1].rstrip(".-") + "-"
 
@@ -126,15 +128,15 @@ def build_slices(
     times = taint_times or {}
     api_devices = [device_to_api(d, times, stamp) for d in sorted(devices, key=lambda d: d.name)]
     chunks = split_devices(api_devices)
-    metadata = {
-        "generateName": generate_name(node_name, driver_name),
-        "ownerReferences": [owner_reference(node_name, node_uid)],
-    }
+    owners = [owner_reference(node_name, node_uid)]
     return [
         {
             "apiVersion": API_VERSION,
             "kind": "ResourceSlice",
-            "metadata": dict(metadata),
+            "metadata": {
+                "generateName": generate_name(node_name, driver_name, i, len(chunks)),
+                "ownerReferences": list(owners),
+            },
             "spec": {
                 "driver": driver_name,
                 "nodeName": node_name,
@@ -142,7 +144,7 @@ def build_slices(
                 "devices": chunk,
             },
         }
-        for chunk in chunks
+        for i, chunk in enumerate(chunks)
     ]
 
 

@@ -111,7 +111,7 @@ def test_slice_object_shape() -> None:
     (body,) = build([gpu(0)])
     assert body["apiVersion"] == "resource.k8s.io/v1"
     assert body["kind"] == "ResourceSlice"
-    assert body["metadata"]["generateName"] == "node-a-tandem.example.com-"
+    assert body["metadata"]["generateName"] == "00000-tandem.example.com-node-a-"
     assert body["metadata"]["ownerReferences"] == [
         {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": UID, "controller": True}
     ]
@@ -132,7 +132,9 @@ def test_slice_object_shape() -> None:
     ]
 
 
-def test_generate_name_is_a_valid_prefix() -> None:
+def test_generate_name_is_a_valid_prefix_led_by_the_slice_index() -> None:
+    assert generate_name("n", "d.example.com", 10, 11) == "0000a-d.example.com-n-"
+    assert generate_name("n", "d.example.com", 0x12345, 0x100001).startswith("012345-")
     name = generate_name("Node_With.Caps" + "x" * 80, "Tandem.Example.com")
     assert name.endswith("-")
     assert len(name) <= 58
