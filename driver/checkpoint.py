@@ -38,9 +38,14 @@ class DeviceRecord:
     cdi_device_ids: tuple[str, ...] = ()
     share_id: str | None = None
     admin_access: bool = False
+    # What the claim status and metadata say about a NIC, so a later address change can be
+    # told apart and written again; `exclusive` NICs live in the pod and cannot be followed.
+    network_data: dict[str, Any] | None = field(default=None, hash=False)
+    exclusive: bool = False
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DeviceRecord:
+        nd = raw.get("networkData")
         return cls(
             request_names=tuple(raw.get("requestNames", ())),
             pool=str(raw["pool"]),
@@ -48,6 +53,8 @@ class DeviceRecord:
             cdi_device_ids=tuple(raw.get("cdiDeviceIDs", ())),
             share_id=raw.get("shareID"),
             admin_access=bool(raw.get("adminAccess", False)),
+            network_data=dict(nd) if isinstance(nd, dict) else None,
+            exclusive=bool(raw.get("exclusive", False)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -58,6 +65,10 @@ class DeviceRecord:
             out["shareID"] = self.share_id
         if self.admin_access:
             out["adminAccess"] = True
+        if self.network_data is not None:
+            out["networkData"] = self.network_data
+        if self.exclusive:
+            out["exclusive"] = True
         return out
 
 

@@ -47,7 +47,7 @@ from driver.metadata import MetadataWriter
 from driver.metrics import Metrics, MetricsServer
 from driver.model import DeviceKind
 from driver.prepare import Preparer, PrepareSettings
-from driver.refresh import RefreshLoop, SourceUnavailable
+from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
 
@@ -109,6 +109,10 @@ class Daemon:
             get_devices=self.inventory.devices,
         )
         self.inventory.subscribe(self.publisher.trigger)
+        # A prepared NIC's addresses can change later (DHCP, renumbering): follow them into the
+        # claim's metadata and status.
+        self.network_refresh = Coalescer("nic-address-refresh", self.preparer.refresh_network_data)
+        self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
         self.monitors = self._build_monitors()
         self.metrics = Metrics(
@@ -271,6 +275,7 @@ class Daemon:
                 monitor.trigger_probe(wait=10)
         self.publisher.start()
         self.preparer.reconcile()
+        self.network_refresh.start()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
         services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)
         services += add_health_services(self._dra_server, self.health)
@@ -302,6 +307,7 @@ class Daemon:
             self._dra_server.stop(grace=SHUTDOWN_GRACE).wait()
         with contextlib.suppress(FileNotFoundError):
             self.dra_socket.unlink()
+        self.network_refresh.stop()
         self.preparer.close()
         if self._nic_watcher is not None:
             self._nic_watcher.stop()

@@ -14,6 +14,7 @@ and start-up rolls back those whose owning instance is dead.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import ipaddress
 import logging
@@ -28,7 +29,7 @@ import cdi
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 from driver.claim_cdi import CLAIM_CLASS, ClaimSpecError, PlannedDevice, claim_spec, claim_spec_filename, claim_vendor
 from driver.config import is_dns_label, is_dns_subdomain, is_uid
-from driver.config_api import ConfigDecodeError, opaque_entries, resolve
+from driver.config_api import ConfigDecodeError, RequestConfig, opaque_entries, resolve
 from driver.discovery.nvidia_files import DriverFiles
 from driver.logs import log_context
 from driver.metadata import MetadataDevice, MetadataError, MetadataWriter, assign_metadata_ids, attributes_json
@@ -147,13 +148,13 @@ def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
     return out
 
 
-def status_entries(settings: PrepareSettings, planned: Sequence[PlannedDevice], now: str) -> list[dict[str, Any]]:
+def status_entries(settings: PrepareSettings, records: Sequence[DeviceRecord], now: str) -> list[dict[str, Any]]:
     out = []
-    for p in planned:
+    for r in records:
         entry: dict[str, Any] = {
             "driver": settings.driver_name,
             "pool": settings.pool,
-            "device": p.device.name,
+            "device": r.device,
             "conditions": [
                 {
                     "type": "Ready",
@@ -164,11 +165,10 @@ def status_entries(settings: PrepareSettings, planned: Sequence[PlannedDevice], 
                 }
             ],
         }
-        if p.share_id is not None:
-            entry["shareID"] = p.share_id
-        nd = network_data(p)
-        if nd is not None:
-            entry["networkData"] = nd
+        if r.share_id is not None:
+            entry["shareID"] = r.share_id
+        if r.network_data is not None:
+            entry["networkData"] = r.network_data
         out.append(entry)
     return out
 
@@ -291,14 +291,14 @@ class Preparer:
         if spec is not None:
             cdi.write_spec(self._s.cdi_root, spec, claim_spec_filename(self._s.driver_name, ref.uid))
         metadata_ids = self._write_metadata(ref, claim, planned, ctx)
+        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), planned)
         self._api.apply_claim_status(
             ref.namespace,
             ref.name,
-            status_entries(self._s, planned, _now()),
+            status_entries(self._s, done, _now()),
             field_manager=self._s.driver_name,
             uid=ref.uid,
         )
-        done = _with_cdi_ids(records, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
             mine = claims.get(ref.uid)
             if mine is None or mine.state != STATE_STARTED or mine.owner != self._instance.instance_id:
@@ -403,6 +403,60 @@ class Preparer:
         except Exception as e:
             log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
 
+    # --- NICs whose addresses change after prepare -----------------------------------------
+
+    def refresh_network_data(self) -> int:
+        """Rewrite the metadata (in place) and claim status of prepared claims whose shared-mode
+        NICs changed name, MAC or addresses since; returns how many claims were updated.
+
+        Pods read their NIC's addresses from these; a DHCP renewal or a renumbered fabric must not
+        leave them stale until the pod restarts. Exclusive NICs live in the pod: not followed.
+        """
+        updated = 0
+        for uid in list(self._checkpoint.read()):
+            with self._claim_lock(uid), log_context(claim=uid, op="refresh"):
+                record = self._checkpoint.read().get(uid)
+                if record is None or record.state != STATE_COMPLETED:
+                    continue
+                fresh = tuple(self._fresh_network_data(d) for d in record.devices)
+                if fresh == record.devices:
+                    continue
+                self._rewrite_network_data(record, fresh)
+                updated += 1
+        return updated
+
+    def _fresh_network_data(self, record: DeviceRecord) -> DeviceRecord:
+        device = self._lookup(record.device)
+        if record.network_data is None or record.exclusive or device is None or device.nic is None:
+            return record
+        if not device.nic.present:
+            return record  # not visible on the host right now: keep what was said
+        nd = network_data(PlannedDevice(device, record.request_names, RequestConfig(), record.share_id))
+        return record if nd == record.network_data else dataclasses.replace(record, network_data=nd)
+
+    def _rewrite_network_data(self, record: ClaimRecord, fresh: tuple[DeviceRecord, ...]) -> None:
+        log.info("NIC addresses changed; updating the claim's metadata and status")
+        for request in sorted({n for d in fresh if d.network_data is not None for n in d.request_names}):
+            devices = []
+            for d in fresh:
+                device = self._lookup(d.device)
+                if request in d.request_names and device is not None:
+                    devices.append(MetadataDevice(request, d.pool, d.device, attributes_json(device), d.network_data))
+            try:
+                self._metadata.update(record.namespace, record.name, record.uid, request, devices)
+            except (OSError, MetadataError) as e:
+                log.warning("device metadata of request %s not updated: %s", request, e)
+        self._api.apply_claim_status(
+            record.namespace,
+            record.name,
+            status_entries(self._s, fresh, _now()),
+            field_manager=self._s.driver_name,
+            uid=record.uid,
+        )
+        with self._checkpoint.transaction() as claims:
+            if uid_record := claims.get(record.uid):
+                claims[record.uid] = dataclasses.replace(uid_record, devices=fresh)
+
     # --- start-up reconciliation --------------------------------------------------------------
 
     def reconcile(self) -> None:
@@ -431,6 +485,15 @@ class Preparer:
             for namespace, name in self._metadata.owned_claims() - known_names:
                 log.info("removing orphaned device metadata of %s/%s", namespace, name, extra={"op": "reconcile"})
                 self._metadata.remove_claim_dir(namespace, name)
+
+
+def _with_network_data(records: tuple[DeviceRecord, ...], planned: list[PlannedDevice]) -> tuple[DeviceRecord, ...]:
+    by_device = {(p.device.name, p.share_id): p for p in planned}
+    out = []
+    for r in records:
+        p = by_device[(r.device, r.share_id)]
+        out.append(dataclasses.replace(r, network_data=network_data(p), exclusive=p.config.nic.mode == "exclusive"))
+    return tuple(out)
 
 
 def _with_cdi_ids(

@@ -90,3 +90,39 @@ class RefreshLoop:
             self._first_run.set()
             self._wake.wait(timeout=wait)
             self._wake.clear()
+
+
+class Coalescer:
+    """Runs `fn` in its own thread after `delay` seconds without a new trigger: a burst of
+    inventory changes becomes one run, and a slow run never blocks whoever triggered it."""
+
+    def __init__(self, name: str, fn: Callable[[], object], delay: float = 0.5) -> None:
+        self._fn = fn
+        self._delay = delay
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def trigger(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait()
+            while self._wake.is_set() and not self._stop.is_set():  # quiet for `delay` seconds
+                self._wake.clear()
+                self._stop.wait(self._delay)
+            if self._stop.is_set():
+                return
+            try:
+                self._fn()
+            except Exception:
+                log.exception("%s failed; will run again on the next change", self._thread.name)

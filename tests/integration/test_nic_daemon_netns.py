@@ -16,9 +16,9 @@ from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth
 from waiting import poll
 
 from driver.demo import DRIVER
-from driver.sim.kubelet import KubeletSim
+from driver.sim.kubelet import ClaimRef, KubeletSim
 from driver.sim.profile import NodeProfile
-from driver.sim.scheduler import attribute, published_devices
+from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 DEVICE = "pci-0000-8a-00-0"
 
@@ -83,3 +83,26 @@ def test_a_flapping_link_causes_no_slice_writes(apiserver, served):
 
 def _slice_writes(apiserver) -> int:
     return sum(1 for r in apiserver.requests if r.resource == "resourceslices" and r.method in ("POST", "PUT"))
+
+
+def test_a_prepared_nics_new_address_reaches_the_claim_status_and_metadata(apiserver, served):
+    ns, node, daemon = served
+    req = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
+    claim = apiserver.create(claim_object("default", "net", [req]))
+    allocate(apiserver, claim, DRIVER, node.profile.name, [req])
+    ref = ClaimRef("default", "net", claim["metadata"]["uid"])
+    with KubeletSim(node.registry) as kubelet:
+        kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
+        assert kubelet.prepare([ref])[ref.uid].error == ""
+    meta = node.plugins / DRIVER / "dra-device-metadata/default_net/nic/metadata.json"
+    inode = meta.stat().st_ino
+
+    def status_ips() -> list[str]:
+        devices = apiserver.get("resourceclaims", "net", "default").get("status", {}).get("devices") or []
+        return devices[0].get("networkData", {}).get("ips", []) if devices else []
+
+    assert status_ips() == []
+    ip(ns, "addr", "add", "198.51.100.4/24", "dev", "ens1f0np0")
+    assert poll(lambda: status_ips() == ["198.51.100.4/24"], 20), daemon.log_text()
+    assert poll(lambda: "198.51.100.4/24" in meta.read_text(), 20)
+    assert meta.stat().st_ino == inode, "the metadata file is bind-mounted by inode: rewrite it in place"
