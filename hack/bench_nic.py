@@ -28,7 +28,8 @@ from driver.sim.nics import render_nic
 from driver.sim.profile import NicSpec
 
 
-def _cannot_run() -> str | None:
+def cannot_run() -> str | None:
+    """Why the netns benchmarks cannot run here (shared with bench_nic_health), or None."""
     if os.geteuid() != 0:
         return "needs root (network namespaces)"
     if shutil.which("ip") is None:
@@ -37,7 +38,7 @@ def _cannot_run() -> str | None:
 
 
 @contextmanager
-def _netns() -> Iterator[str]:
+def netns() -> Iterator[str]:
     name = f"tandem-bench-{uuid.uuid4().hex[:8]}"
     subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
     try:
@@ -52,9 +53,9 @@ def _ip_batch(ns: str, lines: list[str]) -> None:
 
 def bench_nic_discovery(rdma_nics: int = 8, other_netdevs: int = 1000, runs: int = 10) -> dict[str, Any]:
     """Time of one full discovery with `rdma_nics` RDMA NICs among `other_netdevs` plain veths."""
-    if reason := _cannot_run():
+    if reason := cannot_run():
         return {"skipped": reason}
-    with _netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-") as tmp:
+    with netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-") as tmp:
         lines = [f"link add o{i} type veth peer name o{i}p" for i in range(other_netdevs // 2)]
         lines += [f"link add rdma{i} type veth peer name rdma{i}p" for i in range(rdma_nics)]
         _ip_batch(ns, lines)
@@ -88,9 +89,9 @@ def bench_nic_discovery(rdma_nics: int = 8, other_netdevs: int = 1000, runs: int
 
 def bench_nic_events(changes: int = 100, spread_s: float = 1.0) -> dict[str, Any]:
     """Callbacks caused by `changes` address additions spread evenly over `spread_s` seconds."""
-    if reason := _cannot_run():
+    if reason := cannot_run():
         return {"skipped": reason}
-    with _netns() as ns:
+    with netns() as ns:
         _ip_batch(ns, ["link add ev0 type veth peer name ev0p"])
         calls: list[float] = []
         watcher = NicWatcher(lambda: calls.append(time.monotonic()), netns=ns, resync_period=3600)

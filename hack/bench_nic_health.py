@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_nic import cannot_run, netns
 from pyroute2 import IPRoute
 
 from driver.discovery.nic import NicDiscovery
@@ -28,24 +25,6 @@ from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
 from driver.sim.nics import render_nic
 from driver.sim.profile import NicSpec
-
-
-def _cannot_run() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces)"
-    if shutil.which("ip") is None:
-        return "needs iproute2's `ip`"
-    return None
-
-
-@contextmanager
-def _netns() -> Iterator[str]:
-    name = f"tandem-bench-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    try:
-        yield name
-    finally:
-        subprocess.run(["ip", "netns", "del", name], check=False)
 
 
 def _wait(cond: Callable[[], bool], timeout: float) -> bool:
@@ -61,9 +40,9 @@ def bench_flap_condition_changes(flaps: int = 50, spread_s: float = 10.0, deboun
     """Condition changes caused by one NIC's link going down and up `flaps` times, spread evenly
     over `spread_s` seconds, with the monitor's `debounce`; ends up, as a flapping cable does
     once it is reseated."""
-    if reason := _cannot_run():
+    if reason := cannot_run():
         return {"skipped": reason}
-    with _netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-health-") as tmp:
+    with netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-health-") as tmp:
         subprocess.run(["ip", "-n", ns, "link", "add", "fl0", "type", "veth", "peer", "name", "fl0p"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "fl0p", "up"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "fl0", "up"], check=True)
