@@ -24,7 +24,7 @@ from pathlib import Path
 from driver.sim.apiserver import SimApiServer
 from driver.sim.driver_files import render_driver_files
 from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.nvml import env_for, write_state
+from driver.sim.nvml import append_event, env_for, write_state
 from driver.sim.profile import NodeProfile, h100_node
 from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 from driver.sim.sysfs import render_node
@@ -153,7 +153,8 @@ def run_demo(keep: bool = False, verbose: int = 0) -> int:
             f"simulated cluster at {srv.url}; simulated node {profile.name!r}: "
             f"{len(profile.gpus)} GPUs, {len(profile.nics)} RoCE NICs, {profile.numa_nodes} NUMA nodes"
         )
-        proc = node.start_daemon(kubeconfig, log_path, *(["-v"] if verbose else []))
+        # A short quiet period so that the demo can show a health taint clearing on its own.
+        proc = node.start_daemon(kubeconfig, log_path, "--health-quiet-period", "4", *(["-v"] if verbose else []))
         try:
             return _story(srv, node, proc, log_path)
         except Exception as e:
@@ -162,6 +163,46 @@ def run_demo(keep: bool = False, verbose: int = 0) -> int:
             return 1
         finally:
             stop_daemon(proc)
+
+
+def _taints(srv: SimApiServer, node: SimNode, device: str) -> list[dict]:
+    return next((d.get("taints") or [] for d in published_devices(srv, DRIVER, node.profile.name)
+                 if d["name"] == device), [])  # fmt: skip
+
+
+def _tandemctl(node: SimNode, *args: str) -> str:
+    cmd = [sys.executable, "-c", "import sys; from driver.cli import ctl_main; sys.exit(ctl_main())"]
+    env = {**os.environ, "PYTHONPATH": _repo_root()}
+    out = subprocess.run([*cmd, "--kubelet-plugins-dir", str(node.plugins), *args], capture_output=True, text=True,
+                         env=env, timeout=30)  # fmt: skip
+    return out.stdout + out.stderr
+
+
+def _health_story(srv: SimApiServer, node: SimNode, kubelet: KubeletSim) -> None:
+    gpu = node.profile.gpus[3]
+    name = f"gpu-{gpu.minor}"
+    watch = kubelet.watch_health("v1")
+    watch.next(timeout=30)
+    _step(f"health: the simulated NVML raises XID 79 (GPU fallen off the bus) on {name}")
+    t0 = time.monotonic()
+    append_event(node.root / "nvml-state.json", gpu.uuid, 0x8, 79)  # nvmlEventTypeXidCriticalError
+    if not srv.wait_for(lambda: bool(_taints(srv, node, name)), 30):
+        raise RuntimeError("no taint after an XID")
+    for t in _taints(srv, node, name):
+        print(f"  slice taint after {(time.monotonic() - t0) * 1000:.0f} ms: {t['key']}={t['value']}:{t['effect']}")
+    snap = watch.wait_for(lambda s: any(r.device == name and r.health == "UNHEALTHY" for r in s), timeout=30)
+    report = next(r for r in snap if r.device == name)
+    print(f"  kubelet health stream: {name} {report.health}: {report.message}")
+    print("  tandemctl devices:")
+    print("    " + _tandemctl(node, "devices").rstrip().replace("\n", "\n    "))
+    if not srv.wait_for(lambda: not _taints(srv, node, name), 30):
+        raise RuntimeError("the XID taint did not clear")
+    watch.wait_for(lambda s: all(r.health == "HEALTHY" for r in s), timeout=30)
+    watch.cancel()
+    _step(
+        f"health: no new XID for the quiet period (4 s here): taint cleared after "
+        f"{time.monotonic() - t0:.1f} s without a restart; health stream says HEALTHY again"
+    )
 
 
 def _story(srv: SimApiServer, node: SimNode, proc: subprocess.Popen, log_path: Path) -> int:
@@ -231,6 +272,7 @@ def _story(srv: SimApiServer, node: SimNode, proc: subprocess.Popen, log_path: P
             raise RuntimeError(f"unprepare failed: {errors[ref.uid]}")
         left = sorted(p.name for p in node.cdi.iterdir())
         _step(f"NodeUnprepareResources: claim released; CDI specs left: {left or 'none'}")
+        _health_story(srv, node, kubelet)
 
     rc = stop_daemon(proc)
     leftover = [p.name for p in (*node.registry.iterdir(), *(node.plugins / DRIVER).glob("*.sock"))]
