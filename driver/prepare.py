@@ -214,9 +214,6 @@ class Preparer:
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
         return dict(zip([r.uid for r in refs], self._pool_exec.map(self._unprepare_one, refs), strict=True))
 
-    def prepared(self) -> dict[str, ClaimRecord]:
-        return self._checkpoint.read()
-
     # --- prepare ------------------------------------------------------------------------------
 
     def _prepare_one(self, ref: ClaimRef, alive: Callable[[], bool]) -> PrepareResult:

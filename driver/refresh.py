@@ -43,7 +43,6 @@ class RefreshLoop:
         self._first_run = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"discover-{name}", daemon=True)
-        self.runs = 0
         self.last_error = ""
 
     def start(self) -> None:
@@ -64,7 +63,6 @@ class RefreshLoop:
 
     def run_once(self) -> float:
         """One discovery; returns how long to wait before the next one."""
-        self.runs += 1
         try:
             devices = self._discover()
         except SourceUnavailable as e:
