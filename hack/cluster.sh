@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# A real one-node Kubernetes v1.37 cluster on this machine, with Tandem serving its devices.
+#
+#   hack/cluster.sh up      build (first time, cached), start everything, start Tandem; idempotent
+#   hack/cluster.sh env     export lines for a shell: eval "$(hack/cluster.sh env)"
+#   hack/cluster.sh status  what runs, and where each component logs
+#   hack/cluster.sh down    stop everything and remove the cluster's state
+#   hack/cluster.sh build   only build (or find cached) binaries and images
+#
+# Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl and containerd, built
+# from their Go modules; runc and the CNI plugins from Debian. Set up as a production cluster:
+# TLS everywhere, Node+RBAC authorization, NodeRestriction, bound service-account tokens, the
+# kubelet with its own node identity. docs/cluster.md explains every setting that differs from a
+# default and why (cgroup v1 on this machine, no registry, one node).
+#
+# Environment: TANDEM_CLUSTER_STATE (default /var/lib/tandem-cluster), TANDEM_CLUSTER_CACHE
+# (default ~/.cache/tandem-cluster), TANDEM_CLUSTER_TANDEM=none to start no Tandem node process.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+here="$repo/hack/cluster"
+# shellcheck source=cluster/lib.sh
+source "$here/lib.sh"
+
+case "${1:-}" in
+  up) cluster_up ;;
+  down) cluster_down ;;
+  env) cluster_env ;;
+  status) cluster_status ;;
+  build) cluster_build ;;
+  *)
+    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    exit 2
+    ;;
+esac

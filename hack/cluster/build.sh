@@ -1,0 +1,113 @@
+# Building the cluster's binaries and images; sourced by lib.sh.
+# shellcheck shell=bash
+
+# The cache key covers everything that decides the binaries: the pinned versions (go.mod, go.sum),
+# our own Go sources, the Go toolchain and the flags below.
+build_key() {
+  {
+    cat "$here/go.mod" "$here/go.sum" "$here/pause/main.go"
+    go version
+    declare -f build_binaries
+  } | sha256sum | cut -c1-16
+}
+
+find_build() {
+  if [ -z "${BIN:-}" ]; then
+    command -v go >/dev/null || { BIN=""; return 1; }
+    BIN="$CACHE_ROOT/$(build_key)/bin"
+  fi
+  [ -f "$BIN/.complete" ]
+}
+
+module_version() {
+  awk -v m="$1" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$here/go.mod"
+}
+
+build_binaries() {
+  command -v go >/dev/null || die "Go is needed to build the cluster (https://go.dev/dl/)"
+  if find_build; then
+    return 0
+  fi
+  local kube containerd ldflags p t0=$SECONDS
+  kube="$(module_version k8s.io/kubernetes)"
+  containerd="$(module_version github.com/containerd/containerd/v2)"
+  # The components report the version they were built from, as a release build does.
+  ldflags="-s -w"
+  for p in k8s.io/client-go/pkg/version k8s.io/component-base/version; do
+    ldflags+=" -X $p.gitVersion=$kube -X $p.gitMajor=$(echo "$kube" | cut -d. -f1 | tr -d v)"
+    ldflags+=" -X $p.gitMinor=$(echo "$kube" | cut -d. -f2) -X $p.gitTreeState=clean"
+  done
+  ldflags+=" -X github.com/containerd/containerd/v2/version.Version=$containerd"
+  say "building Kubernetes $kube, etcd, containerd $containerd (first time only; about 30 minutes on 2 cores)"
+  mkdir -p "$BIN"
+  # Static binaries without cgo: no C toolchain needed, and containerd drops only the btrfs
+  # snapshotter, which this cluster does not use.
+  (cd "$here" && CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS=-mod=readonly go install -trimpath -ldflags "$ldflags" tool ./pause)
+  # go.etcd.io/etcd/server/v3 installs as "server".
+  mv "$BIN/server" "$BIN/etcd"
+  touch "$BIN/.complete"
+  say "built in $((SECONDS - t0))s into $BIN"
+}
+
+# The images pods need, made from files on this machine (no registry is reachable):
+#   $PAUSE_IMAGE   the pod sandbox: our pause binary;
+#   $TEST_IMAGE    tests and users: Debian's static busybox with its applets as links.
+build_images() {
+  find_build || die "binaries missing"
+  local images="$BIN/../images" root
+  [ -f "$images/busybox.tar" ] && [ -f "$images/pause.tar" ] && return 0
+  [ -x /bin/busybox ] || die "/bin/busybox missing: apt-get install busybox-static"
+  mkdir -p "$images"
+  root="$(mktemp -d)"
+  mkdir -p "$root/pause"
+  cp "$BIN/pause" "$root/pause/pause"
+  python3 "$here/image.py" --name "$PAUSE_IMAGE" --rootfs "$root/pause" --entrypoint /pause --out "$images/pause.tar" >/dev/null
+  mkdir -p "$root/busybox/bin" "$root/busybox/tmp" "$root/busybox/etc"
+  cp /bin/busybox "$root/busybox/bin/busybox"
+  for applet in $(/bin/busybox --list); do
+    [ "$applet" = busybox ] || ln -s busybox "$root/busybox/bin/$applet"
+  done
+  echo 'root:x:0:0:root:/root:/bin/sh' >"$root/busybox/etc/passwd"
+  python3 "$here/image.py" --name "$TEST_IMAGE" --rootfs "$root/busybox" --cmd /bin/sh --out "$images/busybox.tar" >/dev/null
+  rm -rf "$root"
+}
+
+# The Dockerfile's base image cannot be pulled here. Build an equivalent under the same name:
+# Debian 12 (the base's release) with its CPython 3.11 and pip, `python` on PATH and no
+# EXTERNALLY-MANAGED marker, as in the official image. Made once with debootstrap and cached.
+BASE_IMAGE=docker.io/library/python:3.11.11-slim-bookworm
+PODMAN=(podman --runtime /usr/sbin/runc --cgroup-manager cgroupfs)
+
+build_base_image() {
+  "${PODMAN[@]}" image exists "$BASE_IMAGE" && return 0
+  local tar="$CACHE_ROOT/base/bookworm-python3.11.tar" root
+  if [ ! -f "$tar" ]; then
+    command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
+    say "building a stand-in for $BASE_IMAGE with debootstrap (first time only)"
+    mkdir -p "$CACHE_ROOT/base"
+    root="$(mktemp -d)"
+    debootstrap --variant=minbase --include=python3,python3-pip,ca-certificates bookworm "$root" \
+      http://deb.debian.org/debian >"$CACHE_ROOT/base/debootstrap.log" 2>&1 ||
+      die "debootstrap failed: see $CACHE_ROOT/base/debootstrap.log"
+    rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
+    ln -sf /usr/bin/python3 "$root/usr/local/bin/python"
+    ln -sf /usr/bin/pip3 "$root/usr/local/bin/pip"
+    rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+    tar -C "$root" -cf "$tar.tmp" . && mv "$tar.tmp" "$tar"
+    rm -rf "$root"
+  fi
+  "${PODMAN[@]}" import -q --change 'ENV PATH=/usr/local/bin:/usr/local/sbin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tar" "$BASE_IMAGE" >/dev/null
+}
+
+# build_tandem_image TAG: the project's Dockerfile, built with podman, as containerd's image TAG;
+# prints the path of the archive to import.
+build_tandem_image() {
+  local tag="$1" out="$STATE/images"
+  build_base_image
+  mkdir -p "$out"
+  "${PODMAN[@]}" build -q --network host -t "$tag" "$repo" >"$out/build.log" 2>&1 ||
+    { tail -n 30 "$out/build.log" >&2; die "podman build failed"; }
+  "${PODMAN[@]}" save -q -o "$out/tandem.tar" "$tag" >/dev/null
+  echo "$out/tandem.tar"
+}

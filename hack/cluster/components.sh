@@ -1,0 +1,218 @@
+# Starting each component of the cluster with its flags; sourced by lib.sh. docs/cluster.md says
+# why each setting that is not a default is there.
+# shellcheck shell=bash
+
+# The DRA feature gates of 1.37 a Tandem user turns on: list-typed attributes is alpha (off by
+# default); the others are beta or GA and on by default, named so the cluster does not depend on
+# defaults that change between releases.
+FEATURE_GATES="DRAListTypeAttributes=true,DRAConsumableCapacity=true,DRAPartitionableDevices=true"
+FEATURE_GATES+=",DRADeviceBindingConditions=true,DRAExtendedResource=true,DRADeviceTaints=true"
+FEATURE_GATES+=",DRADeviceTaintRules=true"
+
+host_prereqs() {
+  local need=()
+  command -v openssl >/dev/null || need+=(openssl)
+  [ -x /usr/sbin/runc ] || need+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+  command -v iptables >/dev/null || need+=(iptables)
+  command -v conntrack >/dev/null || need+=(conntrack)
+  command -v ip >/dev/null || need+=(iproute2)
+  [ -x /bin/busybox ] || need+=(busybox-static)
+  if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]} from Debian"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+}
+
+# The node's address: the one on the interface of the default route. The API server advertises it
+# (Endpoints may not name a loopback address) and the kubelet reports it.
+detect_host_ip() {
+  if [ -f "$STATE/host-ip" ]; then
+    HOST_IP="$(cat "$STATE/host-ip")"
+    return
+  fi
+  local dev
+  dev="$(ip -4 route show default | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')"
+  [ -n "$dev" ] || die "no default route: the cluster needs one interface address for its node"
+  HOST_IP="$(ip -4 -o addr show dev "$dev" | awk '{split($4, a, "/"); print a[1]; exit}')"
+  [ -n "$HOST_IP" ] || die "no IPv4 address on $dev"
+  mkdir -p "$STATE"
+  echo "$HOST_IP" >"$STATE/host-ip"
+}
+
+host_network_up() {
+  detect_host_ip
+  sysctl -qw net.ipv4.ip_forward=1
+  # Pod-to-Service traffic crosses the CNI bridge; iptables must see it for kube-proxy's rules.
+  [ -e /proc/sys/net/bridge ] || ip link add tandem-brnf type bridge 2>/dev/null || true
+  sysctl -qw net.bridge.bridge-nf-call-iptables=1 2>/dev/null || true
+  ip link del tandem-brnf 2>/dev/null || true
+  # Service addresses are only ever rewritten by kube-proxy on this machine. Until its rules are in
+  # place (and for any address it does not serve) they must not follow the default route off the
+  # machine: route the whole range into a bridge without ports, which drops everything (this
+  # kernel has no dummy interfaces).
+  if ! ip link show tandem-svc >/dev/null 2>&1; then
+    ip link add tandem-svc type bridge
+    ip link set tandem-svc up
+  fi
+  ip route replace "$SERVICE_CIDR" dev tandem-svc
+}
+
+host_network_down() {
+  ip link del tandem-svc 2>/dev/null || true
+  ip link del tandem-cni0 2>/dev/null || true
+  [ -x "${BIN:-}/kube-proxy" ] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+}
+
+start_etcd() {
+  mkdir -p "$STATE/etcd"
+  chmod 700 "$STATE/etcd"
+  start etcd "$BIN/etcd" --name tandem --data-dir "$STATE/etcd" \
+    --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
+    --listen-peer-urls https://127.0.0.1:2380 --initial-advertise-peer-urls https://127.0.0.1:2380 \
+    --initial-cluster tandem=https://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
+    --cert-file "$PKI/etcd-server.crt" --key-file "$PKI/etcd-server.key" --trusted-ca-file "$PKI/ca.crt" \
+    --client-cert-auth --peer-cert-file "$PKI/etcd-server.crt" --peer-key-file "$PKI/etcd-server.key" \
+    --peer-trusted-ca-file "$PKI/ca.crt" --peer-client-cert-auth
+  wait_for 60 etcd "$LOGS/etcd.log" curl -sf http://127.0.0.1:2381/health
+}
+
+start_apiserver() {
+  start kube-apiserver "$BIN/kube-apiserver" \
+    --advertise-address "$HOST_IP" --secure-port 6443 \
+    --etcd-servers https://127.0.0.1:2379 --etcd-cafile "$PKI/ca.crt" \
+    --etcd-certfile "$PKI/apiserver-etcd-client.crt" --etcd-keyfile "$PKI/apiserver-etcd-client.key" \
+    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+    --client-ca-file "$PKI/ca.crt" \
+    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \
+    --kubelet-preferred-address-types InternalIP \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --anonymous-auth=false \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
+    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
+    --feature-gates "$FEATURE_GATES" --profiling=false
+  wait_for 120 kube-apiserver "$LOGS/kube-apiserver.log" kubectl_admin get --raw /readyz
+}
+
+# The API server calls the kubelet (logs, exec, metrics) as kube-apiserver-kubelet-client, which
+# the kubelet's webhook authorization checks: grant it the kubelet API, as kubeadm does.
+bootstrap_rbac() {
+  kubectl_admin get clusterrolebinding tandem-cluster:apiserver-kubelet >/dev/null 2>&1 ||
+    kubectl_admin create clusterrolebinding tandem-cluster:apiserver-kubelet \
+      --clusterrole system:kubelet-api-admin --user kube-apiserver-kubelet-client >/dev/null
+}
+
+start_controller_manager() {
+  start kube-controller-manager "$BIN/kube-controller-manager" \
+    --kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
+    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+    --feature-gates "$FEATURE_GATES" --profiling=false
+}
+
+start_scheduler() {
+  start kube-scheduler "$BIN/kube-scheduler" \
+    --kubeconfig "$PKI/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$PKI/scheduler.kubeconfig" \
+    --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --leader-elect=false --feature-gates "$FEATURE_GATES" --profiling=false
+}
+
+start_containerd() {
+  mkdir -p "$STATE/containerd" "$RUN/containerd" "$STATE/cni/net.d" "$CDI_ROOT"
+  sed -e "s|@STATE@|$STATE|g" -e "s|@RUN@|$RUN|g" -e "s|@CDI_ROOT@|$CDI_ROOT|g" \
+    -e "s|@PAUSE_IMAGE@|$PAUSE_IMAGE|g" "$here/config/containerd.toml" >"$STATE/containerd/config.toml"
+  sed -e "s|@POD_CIDR@|$POD_CIDR|g" "$here/config/cni.conflist" >"$STATE/cni/net.d/10-tandem.conflist"
+  # The shim finds runc and itself on PATH.
+  PATH="$BIN:$PATH" start containerd "$BIN/containerd" --config "$STATE/containerd/config.toml"
+  wait_for 60 containerd "$LOGS/containerd.log" "$BIN/ctr" --address "$CONTAINERD_SOCK" version
+}
+
+import_images() {
+  local images="$BIN/../images" tar
+  for tar in "$images"/pause.tar "$images"/busybox.tar "$@"; do
+    "$BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images import --no-unpack=false "$tar" >/dev/null
+  done
+}
+
+start_kubelet() {
+  mkdir -p "$STATE/kubelet" "$KUBELET_ROOT"
+  sed -e "s|@PKI@|$PKI|g" -e "s|@CONTAINERD_SOCK@|$CONTAINERD_SOCK|g" \
+    -e "s|@FEATURE_GATES@|$(echo "$FEATURE_GATES" | sed 's/=/: /g; s/,/, /g')|" \
+    "$here/config/kubelet.yaml" >"$STATE/kubelet/config.yaml"
+  start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
+    --kubeconfig "$PKI/kubelet.kubeconfig" --hostname-override "$NODE_NAME" --node-ip "$HOST_IP" \
+    --root-dir "$KUBELET_ROOT" --node-labels tandem.dev/enabled=true
+  wait_for 120 "node $NODE_NAME Ready" "$LOGS/kubelet.log" \
+    kubectl_admin wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
+}
+
+start_kube_proxy() {
+  start kube-proxy "$BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kubeconfig" \
+    --hostname-override "$NODE_NAME" --proxy-mode iptables --cluster-cidr "$POD_CIDR" \
+    --bind-address "$HOST_IP" --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
+    --conntrack-max-per-core 0
+  wait_for 60 kube-proxy "$LOGS/kube-proxy.log" curl -sf http://127.0.0.1:10256/healthz
+}
+
+remove_all_containers() {
+  [ -S "$CONTAINERD_SOCK" ] || return 0
+  local ctr=("$BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io) id
+  for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+    "${ctr[@]}" tasks kill -s SIGKILL "$id" >/dev/null 2>&1 || true
+  done
+  for id in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
+    "${ctr[@]}" tasks delete -f "$id" >/dev/null 2>&1 || true
+  done
+  for id in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+    "${ctr[@]}" containers delete "$id" >/dev/null 2>&1 || true
+  done
+}
+
+# Everything of daemonset.yaml but the DaemonSet: namespace, RBAC, the admission policy and the
+# DeviceClasses. The DaemonSet itself is what the e2e suite deploys (tests/cluster).
+install_tandem_objects() {
+  "$repo/.venv/bin/python" - "$repo/daemonset.yaml" <<'PY' | kubectl_admin apply -f - >/dev/null
+import sys, yaml
+docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] != "DaemonSet"]
+print(yaml.safe_dump_all(docs))
+PY
+}
+
+# Tandem as a process on the node, with the service account of daemonset.yaml: a token bound to
+# this node, so that the RBAC rules and the admission policy apply to it as to the driver's pod.
+start_tandem_node() {
+  local dir="$STATE/tandem" token
+  mkdir -p "$dir"
+  token="$(kubectl_admin -n tandem-system create token tandem-driver --bound-object-kind Node \
+    --bound-object-name "$NODE_NAME" --duration 24h)"
+  cat >"$dir/kubeconfig" <<EOF2
+apiVersion: v1
+kind: Config
+clusters:
+  - name: tandem
+    cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$PKI/ca.crt"}
+users:
+  - name: tandem-driver
+    user: {token: "$token"}
+contexts:
+  - name: tandem
+    context: {cluster: tandem, user: tandem-driver}
+current-context: tandem
+EOF2
+  chmod 600 "$dir/kubeconfig"
+  (cd "$repo" && .venv/bin/python -m demo.cluster_node start --root "$STATE/node" \
+    --kubeconfig "$dir/kubeconfig" --node-name "$NODE_NAME" -- --log-format json) >"$RUN/tandem.pid"
+  ln -sf "$STATE/node/tandem.log" "$LOGS/tandem.log"
+  wait_for 60 "Tandem's ResourceSlices" "$LOGS/tandem.log" tandem_published
+}
+
+tandem_published() {
+  [ "$(kubectl_admin get resourceslices --field-selector "spec.nodeName=$NODE_NAME,spec.driver=tandem.dev" \
+    -o name | wc -l)" -gt 0 ]
+}

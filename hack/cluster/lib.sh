@@ -1,0 +1,173 @@
+# Shared by hack/cluster.sh and hack/e2e.sh: paths, process control, waiting, and the commands.
+# shellcheck shell=bash
+
+: "${repo:?}" "${here:?}"
+STATE="${TANDEM_CLUSTER_STATE:-/var/lib/tandem-cluster}"
+RUN="$STATE/run"
+LOGS="$STATE/logs"
+PKI="$STATE/pki"
+CACHE_ROOT="${TANDEM_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem-cluster}"
+NODE_NAME="${TANDEM_CLUSTER_NODE:-tandem-node}"
+# The kubelet's and Tandem's default directories: the DaemonSet mounts exactly these host paths.
+KUBELET_ROOT=/var/lib/kubelet
+CDI_ROOT=/var/run/cdi
+# Pods get addresses from this range on a bridge of their own; Services from the next one. Neither
+# range is routed off this machine: see host_network_up.
+POD_CIDR=10.244.0.0/16
+SERVICE_CIDR=10.96.0.0/16
+API_SERVICE_IP=10.96.0.1
+CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
+TEST_IMAGE=localhost/tandem/busybox:1
+PAUSE_IMAGE=localhost/tandem/pause:1
+ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"
+
+# shellcheck source=build.sh
+source "$here/build.sh"
+# shellcheck source=pki.sh
+source "$here/pki.sh"
+# shellcheck source=components.sh
+source "$here/components.sh"
+
+say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+need_root() {
+  [ "$(id -u)" = 0 ] || die "the cluster needs root (it runs a kubelet, a container runtime and iptables)"
+}
+
+# wait_for SECONDS DESCRIPTION LOGFILE COMMAND...: poll COMMAND until it succeeds; on timeout,
+# show the end of the component's log so the failure explains itself.
+wait_for() {
+  local timeout="$1" what="$2" logfile="$3"
+  shift 3
+  local deadline=$((SECONDS + timeout))
+  until "$@" >/dev/null 2>&1; do
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      say "timed out after ${timeout}s waiting for $what"
+      [ -n "$logfile" ] && [ -f "$logfile" ] && tail -n 40 "$logfile" >&2
+      return 1
+    fi
+    sleep 0.5
+  done
+}
+
+# start NAME COMMAND...: run COMMAND in a session of its own (it outlives this script), logging to
+# $LOGS/NAME.log, unless the pid in $RUN/NAME.pid still runs it.
+start() {
+  local name="$1"
+  shift
+  if running "$name"; then
+    return 0
+  fi
+  mkdir -p "$LOGS" "$RUN"
+  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  echo $! >"$RUN/$name.pid"
+}
+
+running() {
+  local pid
+  pid="$(cat "$RUN/$1.pid" 2>/dev/null)" || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null
+}
+
+stop() {
+  local name="$1" pid
+  pid="$(cat "$RUN/$name.pid" 2>/dev/null)" || return 0
+  if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.25; done
+    kill -KILL "$pid" 2>/dev/null || true
+  fi
+  rm -f "$RUN/$name.pid"
+}
+
+kubectl_admin() { "$BIN/kubectl" --kubeconfig "$ADMIN_KUBECONFIG" "$@"; }
+
+cluster_env() {
+  find_build || die "the cluster is not built yet: run hack/cluster.sh up"
+  echo "export KUBECONFIG=$ADMIN_KUBECONFIG"
+  echo "export PATH=$BIN:\$PATH"
+  echo "export TANDEM_TEST_IMAGE=$TEST_IMAGE"
+}
+
+cluster_build() {
+  build_binaries
+  build_images
+}
+
+cluster_up() {
+  need_root
+  local t0=$SECONDS
+  build_binaries
+  build_images
+  host_prereqs
+  host_network_up
+  make_pki
+  start_etcd
+  start_apiserver
+  bootstrap_rbac
+  start_controller_manager
+  start_scheduler
+  start_containerd
+  import_images
+  start_kubelet
+  start_kube_proxy
+  install_tandem_objects
+  if [ "${TANDEM_CLUSTER_TANDEM:-node}" = node ]; then
+    start_tandem_node
+  fi
+  say "cluster up in $((SECONDS - t0))s"
+  cluster_status
+  cat >&2 <<EOF
+
+Use it:  eval "\$($repo/hack/cluster.sh env)"; kubectl get resourceslices
+Stop it: $repo/hack/cluster.sh down
+EOF
+}
+
+cluster_status() {
+  local name
+  printf '%-20s %-8s %s\n' COMPONENT STATE LOG >&2
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy tandem; do
+    if running "$name"; then
+      printf '%-20s %-8s %s\n' "$name" running "$LOGS/$name.log" >&2
+    elif [ -f "$LOGS/$name.log" ]; then
+      printf '%-20s %-8s %s\n' "$name" stopped "$LOGS/$name.log" >&2
+    fi
+  done
+}
+
+cluster_down() {
+  need_root
+  # Tandem and the kubelet first, so nothing restarts what is being torn down; then every pod's
+  # containers through containerd (their processes belong to shims that outlive containerd).
+  stop tandem
+  stop kube-proxy
+  stop kubelet
+  remove_all_containers
+  stop containerd
+  stop kube-scheduler
+  stop kube-controller-manager
+  stop kube-apiserver
+  stop etcd
+  host_network_down
+  unmount_below "$KUBELET_ROOT"
+  unmount_below "$STATE"
+  unmount_below /run/netns
+  rm -rf --one-file-system "$KUBELET_ROOT" "$STATE"
+  rm -f "$CDI_ROOT"/k8s.tandem.dev-*.json "$CDI_ROOT"/*tandem.dev*metadata*.json 2>/dev/null || true
+  say "cluster removed"
+}
+
+# unmount_below DIR: every mount point at or below DIR, deepest first; rm -rf must never follow a
+# bind mount into the host's own files.
+unmount_below() {
+  local dir="$1" m
+  [ -d "$dir" ] || return 0
+  dir="$(readlink -f "$dir")"
+  awk -v d="$dir" '$5 == d || index($5, d "/") == 1 {print $5}' /proc/self/mountinfo | sort -r |
+    while read -r m; do umount -l "$m" 2>/dev/null || true; done
+  if awk -v d="$dir" '$5 == d || index($5, d "/") == 1' /proc/self/mountinfo | grep -q .; then
+    die "could not unmount everything below $dir; not removing it"
+  fi
+}
