@@ -29,6 +29,10 @@ RUN python -m pip install --require-hashes --only-binary=:all: -r requirements-b
 COPY pyproject.toml README.md ./
 COPY driver ./driver
 COPY cdi ./cdi
+# The wheel also carries the simulation and the demo (`tandem-driver demo` from a plain pip
+# install); the daemon never imports them.
+COPY sim ./sim
+COPY demo ./demo
 # The build backend comes from requirements-build.lock (installed above), not from an unpinned
 # isolated build environment.
 RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels/tandem .

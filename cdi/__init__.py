@@ -7,8 +7,11 @@ podman 4.3.1, which knows only up to 0.5.0, still load it) and atomic file repla
 """
 
 from cdi.errors import SpecError
+from cdi.files import atomic_write, fsync_dir
 from cdi.names import (
     QualifiedName,
+    is_dns_label,
+    is_dns_subdomain,
     parse_qualified_name,
     qualified_name,
     validate_class_name,
@@ -35,6 +38,10 @@ __all__ = [
     "QualifiedName",
     "Spec",
     "SpecError",
+    "atomic_write",
+    "fsync_dir",
+    "is_dns_label",
+    "is_dns_subdomain",
     "list_specs",
     "make_spec",
     "minimum_version",

@@ -2,6 +2,10 @@
 
 The SPEC prose is stricter (DNS-subdomain vendor, ≤63-character class) but runtimes enforce only
 the parser's character rules, so these are the rules a name must pass to be resolvable.
+
+Also the RFC 1123 DNS label and subdomain as Kubernetes applies them (`IsDNS1123Label`,
+`IsDNS1123Subdomain`): CDI annotation keys use them, and the driver checks the Kubernetes names it
+is given (node, driver, namespace, claim) with the same two functions, so there is one definition.
 """
 
 from __future__ import annotations
@@ -11,8 +15,24 @@ from typing import NamedTuple
 
 from cdi.errors import SpecError
 
+DNS_LABEL_MAX = 63
+DNS_SUBDOMAIN_MAX = 253
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS_LABEL_RE = re.compile(_DNS_LABEL)
+_DNS_SUBDOMAIN_RE = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
+
 _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
+
+
+def is_dns_label(value: str) -> bool:
+    """Lower-case letters, digits and inner dashes, at most 63 characters (a namespace, a request)."""
+    return len(value) <= DNS_LABEL_MAX and bool(_DNS_LABEL_RE.fullmatch(value))
+
+
+def is_dns_subdomain(value: str, max_len: int = DNS_SUBDOMAIN_MAX) -> bool:
+    """DNS labels joined by dots, at most `max_len` characters (an object name, a domain)."""
+    return len(value) <= max_len and bool(_DNS_SUBDOMAIN_RE.fullmatch(value))
 
 
 class QualifiedName(NamedTuple):

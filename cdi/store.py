@@ -8,15 +8,14 @@ name. A reader therefore sees the old file or the new one, never a torn one.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import re
-import tempfile
 from pathlib import Path
 
 from cdi.errors import SpecError
+from cdi.files import atomic_write, fsync_dir
 from cdi.names import validate_class_name, validate_vendor_name
 from cdi.spec import Spec
 from cdi.validate import validate
@@ -24,7 +23,6 @@ from cdi.validate import validate
 log = logging.getLogger(__name__)
 
 SPEC_SUFFIX = ".json"
-TEMP_SUFFIX = ".tmp"
 FILE_MODE = 0o644
 MAX_SPEC_BYTES = 4 * 1024 * 1024
 _NAME_MAX = 255
@@ -63,19 +61,7 @@ def write_spec(directory: Path, spec: Spec, filename: str) -> Path:
     data = spec.to_json().encode()
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = directory / filename
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{filename}.", suffix=TEMP_SUFFIX)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), FILE_MODE)
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(directory)
+    atomic_write(target, data, FILE_MODE)
     return target
 
 
@@ -86,7 +72,7 @@ def remove_spec(directory: Path, filename: str) -> None:
         os.unlink(directory / filename)
     except FileNotFoundError:
         return
-    _fsync_dir(directory)
+    fsync_dir(directory)
 
 
 def read_spec(path: Path) -> Spec:
@@ -160,11 +146,3 @@ def _check_filename(filename: str) -> None:
         raise SpecError("", f"invalid spec file name {filename!r}: expected a plain name ending in {SPEC_SUFFIX}")
     if len(filename) == len(SPEC_SUFFIX) or filename.startswith("."):
         raise SpecError("", f"invalid spec file name {filename!r}: hidden or empty name")
-
-
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

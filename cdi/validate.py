@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterator, Mapping
 
 from cdi.errors import SpecError, join
-from cdi.names import split_kind, validate_class_name, validate_device_name, validate_vendor_name
+from cdi.names import is_dns_subdomain, split_kind, validate_class_name, validate_device_name, validate_vendor_name
 from cdi.spec import ContainerEdits, Spec
 from cdi.version import minimum_version, version_key
 
@@ -24,8 +24,6 @@ HOOK_NAMES = frozenset({"prestart", "createRuntime", "createContainer", "startCo
 DEVICE_TYPES = frozenset({"", "b", "c", "u", "p"})
 ANNOTATIONS_MAX_BYTES = 256 * 1024
 
-_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL}(\.{_DNS_LABEL})*")
 _QUALIFIED_NAME_PART = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _IFNAMSIZ = 16
 
@@ -117,7 +115,7 @@ def _qualified_name_problem(key: str) -> str:
         prefix = parts[0]
         if not prefix:
             return "the prefix before '/' must be non-empty"
-        if len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix):
+        if not is_dns_subdomain(prefix):
             return "the prefix must be a DNS subdomain (lower-case labels joined by '.', at most 253 characters)"
     if not name:
         return "the name part must be non-empty"

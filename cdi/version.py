@@ -28,7 +28,7 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 def minimum_version(spec: Spec) -> str:
-    """The lowest ``cdiVersion`` whose features cover everything the spec uses (cdi.md §2).
+    """The lowest ``cdiVersion`` whose features cover everything the spec uses (docs/reference/cdi.md, 'Minimum version').
 
     The predicates look at the spec-level edits and at every device's edits; 0.8.0 and 1.0.0 added
     nothing to the format, so they are never the answer.

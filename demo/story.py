@@ -12,100 +12,22 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
-from driver.sim.apiserver import SimApiServer
-from driver.sim.driver_files import render_driver_files
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.nvml import append_event, env_for, write_state
-from driver.sim.profile import NodeProfile, h100_node
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
-from driver.sim.sysfs import render_node
+from demo.node import DRIVER, SimNode, repo_root, stop_daemon
+from sim.apiserver import SimApiServer
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.nvml import append_event
+from sim.profile import h100_node
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
-DRIVER = "tandem.dev"
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 NUMA = "resource.kubernetes.io/numaNode"
-
-
-@dataclass
-class SimNode:
-    """A rendered simulated node: directories and environment a daemon process needs."""
-
-    root: Path
-    profile: NodeProfile
-    sysfs: Path
-    dev: Path
-    registry: Path
-    plugins: Path
-    cdi: Path
-    nvidia_root: Path
-    env: dict[str, str]
-
-    @classmethod
-    def create(cls, root: Path, profile: NodeProfile) -> SimNode:
-        dirs = {name: root / name for name in ("sys", "dev", "registry", "plugins", "cdi", "nvidia")}
-        for d in dirs.values():
-            d.mkdir(parents=True, exist_ok=True)
-        render_node(profile, dirs["sys"], dirs["dev"])
-        render_driver_files(dirs["nvidia"])
-        state = root / "nvml-state.json"
-        write_state(profile, state)
-        return cls(
-            root,
-            profile,
-            dirs["sys"],
-            dirs["dev"],
-            dirs["registry"],
-            dirs["plugins"],
-            dirs["cdi"],
-            dirs["nvidia"],
-            env_for(state),
-        )
-
-    def daemon_args(self, kubeconfig: Path, *extra: str) -> list[str]:
-        return [
-            sys.executable, "-m", "driver", "run",
-            "--node-name", self.profile.name,
-            "--driver-name", DRIVER,
-            "--kubeconfig", str(kubeconfig),
-            "--kubelet-registrar-dir", str(self.registry),
-            "--kubelet-plugins-dir", str(self.plugins),
-            "--cdi-root", str(self.cdi),
-            "--sysfs-root", str(self.sysfs),
-            "--dev-root", str(self.dev),
-            "--nvidia-driver-root", str(self.nvidia_root),
-            "--nic-link-source", "sysfs",
-            *extra,
-        ]  # fmt: skip
-
-    def start_daemon(self, kubeconfig: Path, log_path: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
-        full_env = {**os.environ, **self.env, **(env or {})}
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (self.env.get("PYTHONPATH", ""), _repo_root(), os.environ.get("PYTHONPATH", "")) if p
-        )
-        with open(log_path, "ab") as log:
-            return subprocess.Popen(self.daemon_args(kubeconfig, *extra), env=full_env, stdout=log, stderr=log)
-
-
-def _repo_root() -> str:
-    return str(Path(__file__).resolve().parent.parent)
-
-
-def stop_daemon(proc: subprocess.Popen, timeout: float = 20) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -172,7 +94,7 @@ def _taints(srv: SimApiServer, node: SimNode, device: str) -> list[dict]:
 
 def _tandemctl(node: SimNode, *args: str) -> str:
     cmd = [sys.executable, "-c", "import sys; from driver.cli import ctl_main; sys.exit(ctl_main())"]
-    env = {**os.environ, "PYTHONPATH": _repo_root()}
+    env = {**os.environ, "PYTHONPATH": repo_root()}
     out = subprocess.run([*cmd, "--kubelet-plugins-dir", str(node.plugins), *args], capture_output=True, text=True,
                          env=env, timeout=30)  # fmt: skip
     return out.stdout + out.stderr

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from driver.fsutil import atomic_write, locked
+from cdi import atomic_write
+from driver.fsutil import locked
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Pure apart from `os.stat` of the device nodes (the spec carries their numbers so the runtime need
 not look them up): nothing is written here; the caller writes the spec with `cdi.write_spec`.
 
-Layout (cdi.md §12, NVIDIA's `k8s.gpu.nvidia.com/claim` pattern): kind `k8s.<driver>/claim`,
+Layout (docs/reference/cdi.md, 'Conventions of DRA drivers'; NVIDIA's `k8s.gpu.nvidia.com/claim` pattern): kind `k8s.<driver>/claim`,
 file `k8s.<driver>-claim_<claimUID>.json`, one CDI device per prepared device named
 `<claimUID>-<device>[-<shareID>]`. Only env, deviceNodes and mounts are used, so the spec needs at
 most cdiVersion 0.5.0 (which Debian 12's podman 4.3.1 still loads), except for NICs in exclusive
@@ -27,14 +27,14 @@ What goes where:
   devices it received and keeps every CDI device non-empty (as CDI requires) even when all its
   nodes moved to the spec level.
 
-GPU isolation is by device node only, as in NVIDIA's DRA driver (anchors.md §1.9): CUDA and NVML
+GPU isolation is by device node only, as in NVIDIA's DRA driver (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs'): CUDA and NVML
 enumerate just the GPUs whose `/dev/nvidia<N>` (and, for MIG, `nvidia-caps` access nodes) the
 container can open. Neither `NVIDIA_VISIBLE_DEVICES` nor `CUDA_VISIBLE_DEVICES` is set: the first
 asks the NVIDIA container runtime's legacy hook to inject GPUs on its own (NVIDIA's claims leave it
 unset too); the second takes CUDA ordinals or UUIDs and would only repeat, or break, what the nodes
 already decide.
 
-RDMA (anchors.md §2.7): `/dev/infiniband/uverbs<N>` and `rdma_cm`; with `NicConfig.mad` also
+RDMA (docs/reference/drivers.md, 'DRANET'): `/dev/infiniband/uverbs<N>` and `rdma_cm`; with `NicConfig.mad` also
 `umad<N>` and `issm<N>` (management datagrams, for `ibstat` and subnet tools, not NCCL).
 `NCCL_IB_HCA==<rdma>,...` (the leading `=` asks NCCL for exact names, so `mlx5_1` does not also
 select `mlx5_10`) and `UCX_NET_DEVICES=<rdma>:1,...` point the libraries at the claim's NICs (port 1:

@@ -10,11 +10,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cdi import is_dns_subdomain
 from driver.model import DeviceKind
 
-# DNS-1123 subdomain (Kubernetes object names, node names, driver names).
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 # Pod and claim UIDs are RFC 4122 UUIDs in practice; accept the safe character set a UID can use.
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
 _LISTEN = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
@@ -24,14 +22,6 @@ DRIVER_NAME_MAX = 63
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the flag and says what is wrong."""
-
-
-def is_dns_subdomain(value: str, max_len: int = 253) -> bool:
-    return len(value) <= max_len and bool(_DNS_SUBDOMAIN.fullmatch(value))
-
-
-def is_dns_label(value: str) -> bool:
-    return len(value) <= 63 and bool(_DNS_LABEL.fullmatch(value))
 
 
 def is_uid(value: str) -> bool:

@@ -22,10 +22,14 @@ from typing import Any
 import grpc
 
 from driver.checkpoint import Checkpoint, InstanceLock
+from driver.claim_refresh import NetworkDataRefresh
+from driver.claims import PrepareSettings
 from driver.config import Config
-from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
-from driver.discovery.nic import NicDiscovery, NicWatcher
+from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic_watcher import NicWatcher
 from driver.discovery.nvidia_files import find_driver_files
+from driver.discovery.nvml import NvmlUnavailable
 from driver.fsutil import boot_id
 from driver.health import effects_for, parse_taint_effects
 from driver.health.cordon import CordonStore
@@ -46,9 +50,9 @@ from driver.kubelet.service import add_dra_services
 from driver.metadata import MetadataWriter
 from driver.metrics import Metrics, MetricsServer
 from driver.model import DeviceKind
-from driver.prepare import Preparer, PrepareSettings
+from driver.prepare import Preparer
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
-from driver.slices import SlicePublisher
+from driver.slices.publisher import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
 
 log = logging.getLogger(__name__)
@@ -88,19 +92,21 @@ class Daemon:
         # prepares its dead predecessor left half done as dead, and roll them back.
         self.instance = InstanceLock(self.data_dir, f"{config.pod_uid or 'local'}-{uuid.uuid4().hex[:8]}")
         self.driver_files = find_driver_files(config.nvidia_driver_root, config.nvidia_driver_root_host)
+        settings = PrepareSettings(
+            driver_name=config.driver_name,
+            pool=config.node_name,
+            cdi_root=config.cdi_root,
+            dev_root=config.dev_root,
+        )
+        metadata = MetadataWriter(self.data_dir, config.cdi_root, config.driver_name)
         self.preparer = Preparer(
             api=self.api,
             checkpoint=self.checkpoint,
             instance=self.instance,
-            settings=PrepareSettings(
-                driver_name=config.driver_name,
-                pool=config.node_name,
-                cdi_root=config.cdi_root,
-                dev_root=config.dev_root,
-            ),
+            settings=settings,
             lookup_device=self.inventory.get,
             driver_files=lambda: self.driver_files,
-            metadata=MetadataWriter(self.data_dir, config.cdi_root, config.driver_name),
+            metadata=metadata,
         )
         self.publisher = SlicePublisher(
             api=self.api,
@@ -111,7 +117,10 @@ class Daemon:
         self.inventory.subscribe(self.publisher.trigger)
         # A prepared NIC's addresses can change later (DHCP, renumbering): follow them into the
         # claim's metadata and status.
-        self.network_refresh = Coalescer("nic-address-refresh", self.preparer.refresh_network_data)
+        network_data = NetworkDataRefresh(
+            self.api, self.checkpoint, settings, self.inventory.get, metadata, self.preparer.claim_locks
+        )
+        self.network_refresh = Coalescer("nic-address-refresh", network_data.run)
         self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
         self.monitors = self._build_monitors()

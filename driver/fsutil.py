@@ -1,43 +1,17 @@
-"""Crash-safe file writes: a reader sees the old content or the new, never a torn file."""
+"""Node-local facts of the data dir shared by the driver's state files: the boot they belong to,
+and the lock that serialises their writers.
+
+Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import os
-import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-
-
-def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
-    """Write to a hidden temporary file in the same directory, fsync, rename, fsync the directory.
-
-    The temporary name starts with a dot so that directory scanners (CDI runtimes, our own
-    reconciliation) never pick up a half-written file.
-    """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    fsync_dir(path.parent)
-
-
-def fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def boot_id(proc_root: Path = Path("/proc")) -> str:

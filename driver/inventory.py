@@ -15,11 +15,9 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 from driver.model import Condition, Device, Health, Taint
+from driver.resource_api import MAX_TAINTS
 
 log = logging.getLogger(__name__)
-
-MAX_TAINTS = 16  # API limit per device
-
 
 def apply_conditions(device: Device, conditions: Iterable[Condition]) -> Device:
     """The device as published: one taint per (key, value, effect), health from the conditions."""

@@ -6,7 +6,7 @@ one small vocabulary (`ApiError.retryable`) and the client library can be swappe
 one place.
 
 Why raw JSON instead of client models for reads: the `kubernetes` client's pydantic models
-silently drop every JSON key they do not know (resource-api.md §9.5). A claim or slice read
+silently drop every JSON key they do not know (docs/reference/resource-api.md, 'Python client notes'). A claim or slice read
 through a model would lose fields newer than the client; the slice publisher also needs the exact
 bytes the server stored to notice fields the server dropped (list-typed attributes with their
 feature gate off). So every call that returns an object uses `_preload_content=False` and
@@ -28,9 +28,9 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-log = logging.getLogger(__name__)
+from driver.resource_api import API_VERSION
 
-RESOURCE_API_VERSION = "resource.k8s.io/v1"
+log = logging.getLogger(__name__)
 
 # (connect, read) seconds for every ordinary request: a hung API server must turn into a
 # retryable error, never a thread blocked forever.
@@ -211,7 +211,7 @@ class KubeAPI:
         """The v1 ResourceClaim as the server sent it (camelCase).
 
         Decoded from the raw body rather than into `ResourceV1ResourceClaim`, because the model
-        drops fields newer than the client (resource-api.md §9.5): the prepare path must see the
+        drops fields newer than the client (docs/reference/resource-api.md, 'Python client notes'): the prepare path must see the
         whole allocation result, and a later read-modify-write must not erase what it lost.
         """
         what = f"get claim {namespace}/{name}"
@@ -226,7 +226,7 @@ class KubeAPI:
     def apply_claim_status(
         self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, uid: str = ""
     ) -> None:
-        """Server-side apply of `status.devices` (resource-api.md §9.4).
+        """Server-side apply of `status.devices` (docs/reference/resource-api.md, 'Writing claim status').
 
         SSA with our own field manager owns only the entries we send, so the scheduler's
         allocation and other drivers' device entries stay untouched; force=True takes over
@@ -236,7 +236,7 @@ class KubeAPI:
         """
         what = f"apply status of claim {namespace}/{name}"
         body = {
-            "apiVersion": RESOURCE_API_VERSION,
+            "apiVersion": API_VERSION,
             "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
             "status": {"devices": devices},

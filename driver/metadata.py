@@ -1,6 +1,6 @@
 """Device metadata files (the device "Downward API", KEP-5304), exactly as the Go kubeletplugin library writes them.
 
-Per prepared claim and request (kubelet-contract.md §4):
+Per prepared claim and request (docs/reference/device-metadata.md):
 
 * host file `<dataDir>/dra-device-metadata/<namespace>_<name>/<baseRequest>/metadata.json`
   (directories 0755, file 0644): a JSON stream, one indented `DeviceMetadata` object per
@@ -24,7 +24,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import cdi
-from driver.fsutil import atomic_write, fsync_dir
+from cdi import atomic_write, fsync_dir, is_dns_label
 from driver.model import Device, attribute_to_api
 
 log = logging.getLogger(__name__)
@@ -48,8 +47,6 @@ MOUNT_OPTIONS = ("ro", "bind")
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 MAX_FILE_BYTES = 4 * 1024 * 1024
-
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 class MetadataError(Exception):
@@ -98,7 +95,7 @@ def _component(value: str, what: str) -> str:
 
 
 def _dns_label(value: str, what: str) -> str:
-    if not _DNS_LABEL.fullmatch(value):
+    if not is_dns_label(value):
         raise MetadataError(f"invalid {what} {value[:80]!r}: expected a DNS label")
     return value
 
@@ -158,7 +155,7 @@ def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
 
 
 def decode_stream(data: bytes) -> dict[str, Any]:
-    """The first object of a version we know, by the consumer's rules (kubelet-contract.md §4.5)."""
+    """The first object of a version we know, by the consumer's rules (docs/reference/device-metadata.md, 'Consumer rules')."""
     try:
         text = data.decode()
     except UnicodeDecodeError as e:

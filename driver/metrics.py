@@ -3,8 +3,8 @@
 Call metrics are ordinary counters and a histogram, updated by whoever times the kubelet's
 calls. Everything that already has a home (the inventory, the publisher's counters, the health
 sources' counters) is read at scrape time by a custom collector instead of being copied into
-metric objects, so there is no second copy of device state that could drift (design.md: the
-inventory is the one place that knows the devices). Each Metrics has its own registry so that
+metric objects, so there is no second copy of device state that could drift (docs/architecture.md:
+the inventory is the one place that knows the devices). Each Metrics has its own registry so that
 tests, and two daemons in one process, never share series.
 """
 

@@ -2,175 +2,55 @@
 
 One implementation behind both DRAPlugin versions. Every claim gets its own answer: a bad claim
 is an error string for that claim, never a failed RPC that would hold back the pod's other claims.
-Claim names, namespaces and UIDs come from the kubelet but name API objects and files: they are
-validated before anything else sees them.
+Claim references are validated first (`driver.claims`).
 
 Prepare is two-phase so that kill -9 at any line is recoverable. The checkpoint records
 PrepareStarted *before* any file is written and PrepareCompleted after the last one; unprepare
 removes files before the record. So a file on disk always has a record, and a PrepareStarted
 record means "maybe half done": the next prepare of that claim redoes every (idempotent) step,
-and start-up rolls back those whose owning instance is dead.
+and start-up (`reconcile`) rolls back those whose owning instance is dead.
+
+What goes into the claim status is `driver.claim_status`; keeping it current when a NIC's
+addresses change later is `driver.claim_refresh`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import datetime
-import ipaddress
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import cdi
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 from driver.claim_cdi import CLAIM_CLASS, ClaimSpecError, PlannedDevice, claim_spec, claim_spec_filename, claim_vendor
-from driver.config import is_dns_label, is_dns_subdomain, is_uid
-from driver.config_api import ConfigDecodeError, RequestConfig, opaque_entries, resolve
+from driver.claim_status import network_data, status_entries
+from driver.claims import (
+    POD_CLAIM_NAME_ANNOTATION,
+    ClaimAPI,
+    ClaimError,
+    ClaimLocks,
+    ClaimRef,
+    PrepareSettings,
+    allocated_devices,
+    validate_ref,
+)
+from driver.config_api import ConfigDecodeError, opaque_entries, resolve
 from driver.discovery.nvidia_files import DriverFiles
 from driver.logs import log_context
 from driver.metadata import MetadataDevice, MetadataError, MetadataWriter, assign_metadata_ids, attributes_json
 from driver.model import Device
+from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)
-
-POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
-
-
-@dataclass(frozen=True)
-class ClaimRef:
-    namespace: str
-    name: str
-    uid: str
 
 
 @dataclass(frozen=True)
 class PrepareResult:
     devices: tuple[DeviceRecord, ...] = ()
     error: str = ""
-
-
-class ClaimAPI(Protocol):
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
-
-    def apply_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str
-    ) -> None: ...
-
-
-class ClaimError(Exception):
-    """This claim cannot be prepared; the message goes back to the kubelet for this claim only."""
-
-
-@dataclass(frozen=True)
-class PrepareSettings:
-    driver_name: str
-    pool: str  # this node's pool = node name
-    cdi_root: Path
-    dev_root: Path
-
-
-def validate_ref(ref: ClaimRef) -> None:
-    if not is_dns_label(ref.namespace):
-        raise ClaimError(f"invalid claim namespace {ref.namespace[:80]!r}")
-    if not is_dns_subdomain(ref.name):
-        raise ClaimError(f"invalid claim name {ref.name[:80]!r}")
-    if not is_uid(ref.uid):
-        raise ClaimError(f"invalid claim UID {ref.uid[:80]!r}")
-
-
-def strip_subrequest(request: str) -> str:
-    """`gpu/large` -> `gpu`: the kubelet matches containers against the parent request name."""
-    return request.split("/", 1)[0]
-
-
-def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, pool: str) -> list[DeviceRecord]:
-    """This driver's devices in this node's pool, from a claim object read from the API server."""
-    meta = claim.get("metadata") or {}
-    if meta.get("uid") != ref.uid:
-        raise ClaimError(
-            f"claim {ref.namespace}/{ref.name} has UID {meta.get('uid')!r}, not {ref.uid!r}: it was replaced"
-        )
-    allocation = (claim.get("status") or {}).get("allocation")
-    if not allocation:
-        raise ClaimError(f"claim {ref.namespace}/{ref.name} is not allocated")
-    results = ((allocation.get("devices") or {}).get("results")) or []
-    by_device: dict[tuple[str, str, str | None], DeviceRecord] = {}
-    for r in results:
-        if r.get("driver") != driver_name:
-            continue
-        if r.get("pool") != pool:
-            raise ClaimError(
-                f"claim {ref.namespace}/{ref.name}: device {r.get('device')!r} is in pool {r.get('pool')!r}, "
-                f"not this node's pool {pool!r}"
-            )
-        key = (r["pool"], r["device"], r.get("shareID"))
-        names = (strip_subrequest(r["request"]),)
-        admin = bool(r.get("adminAccess", False))
-        old = by_device.get(key)
-        if old is not None:  # one device serving several requests; any ordinary one makes it ordinary
-            names = tuple(dict.fromkeys(old.request_names + names))
-            admin = admin and old.admin_access
-        by_device[key] = DeviceRecord(
-            request_names=names,
-            pool=r["pool"],
-            device=r["device"],
-            share_id=r.get("shareID"),
-            admin_access=admin,
-        )
-    return list(by_device.values())
-
-
-def canonical_cidr(address: str) -> str:
-    """`fd00:0::a/64` -> `fd00::a/64`: the API server rejects non-canonical forms in networkData."""
-    return ipaddress.ip_interface(address).compressed
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
-    """What the pod will see of a NIC: its in-pod name in exclusive mode, the host name otherwise."""
-    nic = planned.device.nic
-    if nic is None:
-        return None
-    exclusive = planned.config.nic.mode == "exclusive"
-    out: dict[str, Any] = {"interfaceName": planned.config.nic.interface_name if exclusive else nic.ifname}
-    if nic.mac:
-        out["hardwareAddress"] = nic.mac
-    ips = [canonical_cidr(a) for a in (*nic.ipv4, *nic.ipv6)][:16]
-    if ips:
-        out["ips"] = ips
-    return out
-
-
-def status_entries(settings: PrepareSettings, records: Sequence[DeviceRecord], now: str) -> list[dict[str, Any]]:
-    out = []
-    for r in records:
-        entry: dict[str, Any] = {
-            "driver": settings.driver_name,
-            "pool": settings.pool,
-            "device": r.device,
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "Prepared",
-                    "message": f"prepared on node {settings.pool}",
-                    "lastTransitionTime": now,
-                }
-            ],
-        }
-        if r.share_id is not None:
-            entry["shareID"] = r.share_id
-        if r.network_data is not None:
-            entry["networkData"] = r.network_data
-        out.append(entry)
-    return out
 
 
 class Preparer:
@@ -196,15 +76,10 @@ class Preparer:
         self._driver_files = driver_files
         self._metadata = metadata
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
-        self._claim_locks: dict[str, threading.Lock] = {}
-        self._claim_locks_guard = threading.Lock()
+        self.claim_locks = ClaimLocks()
 
     def close(self) -> None:
         self._pool_exec.shutdown(wait=True, cancel_futures=True)
-
-    def _claim_lock(self, uid: str) -> threading.Lock:
-        with self._claim_locks_guard:
-            return self._claim_locks.setdefault(uid, threading.Lock())
 
     def prepare(self, refs: Sequence[ClaimRef], alive: Callable[[], bool] = lambda: True) -> dict[str, PrepareResult]:
         """`alive` says whether the kubelet still waits for the answer (its call has a deadline)."""
@@ -226,7 +101,7 @@ class Preparer:
             validate_ref(ref)
             # The claim lock covers the GET too: an Unprepare that arrives while a slow GET is in
             # flight (the kubelet gave up on this call) then waits, and cleans up after us.
-            with self._claim_lock(ref.uid):
+            with self.claim_locks.get(ref.uid):
                 claim = self._api.get_claim(ref.namespace, ref.name)
                 records = allocated_devices(claim, ref, self._s.driver_name, self._s.pool)
                 planned = self._plan(claim, records)
@@ -292,7 +167,7 @@ class Preparer:
         self._api.apply_claim_status(
             ref.namespace,
             ref.name,
-            status_entries(self._s, done, _now()),
+            status_entries(self._s, done, rfc3339()),
             field_manager=self._s.driver_name,
             uid=ref.uid,
         )
@@ -367,7 +242,7 @@ class Preparer:
             log.warning("unprepare of an invalid claim reference, nothing to do: %s", e, extra=ctx)
             return ""
         try:
-            with self._claim_lock(ref.uid):
+            with self.claim_locks.get(ref.uid):
                 record = self._checkpoint.read().get(ref.uid)
                 if record is None:
                     log.info("claim was not prepared here; nothing to do", extra=ctx)
@@ -378,8 +253,7 @@ class Preparer:
                 self._clear_status(ref, ctx)
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
-            with self._claim_locks_guard:
-                self._claim_locks.pop(ref.uid, None)
+            self.claim_locks.forget(ref.uid)
             log.info("unprepared", extra=ctx)
             return ""
         except Exception as e:
@@ -399,60 +273,6 @@ class Preparer:
             self._api.apply_claim_status(ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid)
         except Exception as e:
             log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
-
-    # --- NICs whose addresses change after prepare -----------------------------------------
-
-    def refresh_network_data(self) -> int:
-        """Rewrite the metadata (in place) and claim status of prepared claims whose shared-mode
-        NICs changed name, MAC or addresses since; returns how many claims were updated.
-
-        Pods read their NIC's addresses from these; a DHCP renewal or a renumbered fabric must not
-        leave them stale until the pod restarts. Exclusive NICs live in the pod: not followed.
-        """
-        updated = 0
-        for uid in list(self._checkpoint.read()):
-            with self._claim_lock(uid), log_context(claim=uid, op="refresh"):
-                record = self._checkpoint.read().get(uid)
-                if record is None or record.state != STATE_COMPLETED:
-                    continue
-                fresh = tuple(self._fresh_network_data(d) for d in record.devices)
-                if fresh == record.devices:
-                    continue
-                self._rewrite_network_data(record, fresh)
-                updated += 1
-        return updated
-
-    def _fresh_network_data(self, record: DeviceRecord) -> DeviceRecord:
-        device = self._lookup(record.device)
-        if record.network_data is None or record.exclusive or device is None or device.nic is None:
-            return record
-        if not device.nic.present:
-            return record  # not visible on the host right now: keep what was said
-        nd = network_data(PlannedDevice(device, record.request_names, RequestConfig(), record.share_id))
-        return record if nd == record.network_data else dataclasses.replace(record, network_data=nd)
-
-    def _rewrite_network_data(self, record: ClaimRecord, fresh: tuple[DeviceRecord, ...]) -> None:
-        log.info("NIC addresses changed; updating the claim's metadata and status")
-        for request in sorted({n for d in fresh if d.network_data is not None for n in d.request_names}):
-            devices = []
-            for d in fresh:
-                device = self._lookup(d.device)
-                if request in d.request_names and device is not None:
-                    devices.append(MetadataDevice(request, d.pool, d.device, attributes_json(device), d.network_data))
-            try:
-                self._metadata.update(record.namespace, record.name, record.uid, request, devices)
-            except (OSError, MetadataError) as e:
-                log.warning("device metadata of request %s not updated: %s", request, e)
-        self._api.apply_claim_status(
-            record.namespace,
-            record.name,
-            status_entries(self._s, fresh, _now()),
-            field_manager=self._s.driver_name,
-            uid=record.uid,
-        )
-        with self._checkpoint.transaction() as claims:
-            if uid_record := claims.get(record.uid):
-                claims[record.uid] = dataclasses.replace(uid_record, devices=fresh)
 
     # --- start-up reconciliation --------------------------------------------------------------
 

@@ -32,9 +32,9 @@ import bench_prepare
 import bench_slices
 
 from driver.discovery.gpu import GpuDiscovery
-from driver.sim import nvml as sim_nvml
-from driver.sim.profile import NodeProfile, a100_mig_node, h100_node
-from driver.sim.sysfs import render_node
+from sim import nvml as sim_nvml
+from sim.profile import NodeProfile, a100_mig_node, h100_node
+from sim.sysfs import render_node
 
 
 def _gpu_discovery(profile: NodeProfile, runs: int) -> dict[str, Any]:

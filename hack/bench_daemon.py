@@ -26,13 +26,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from driver.demo import DRIVER, SimNode, stop_daemon
-from driver.sim.apiserver import SimApiServer
-from driver.sim.kubelet import KubeletSim
-from driver.sim.nics import render_nic
-from driver.sim.nvml import append_event
-from driver.sim.profile import NicSpec, NodeProfile, h100_node
-from driver.sim.scheduler import published_devices
+from demo.node import DRIVER, SimNode, stop_daemon
+from sim.apiserver import SimApiServer
+from sim.kubelet import KubeletSim
+from sim.nics import render_nic
+from sim.nvml import append_event
+from sim.profile import NicSpec, NodeProfile, h100_node
+from sim.scheduler import published_devices
 
 XID_EVENT = 0x8
 _WRITES = {"POST", "PUT", "DELETE", "PATCH"}

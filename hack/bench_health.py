@@ -24,9 +24,9 @@ from driver.discovery.gpu import GpuDiscovery
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.inventory import Inventory
-from driver.sim import nvml as sim_nvml
-from driver.sim.profile import h100_node
-from driver.sim.sysfs import render_node
+from sim import nvml as sim_nvml
+from sim.profile import h100_node
+from sim.sysfs import render_node
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 

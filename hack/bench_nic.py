@@ -23,9 +23,10 @@ from typing import Any
 
 from pyroute2 import IPRoute
 
-from driver.discovery.nic import NicDiscovery, NicWatcher
-from driver.sim.nics import render_nic
-from driver.sim.profile import NicSpec
+from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic_watcher import NicWatcher
+from sim.nics import render_nic
+from sim.profile import NicSpec
 
 
 def cannot_run() -> str | None:

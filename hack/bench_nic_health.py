@@ -23,8 +23,8 @@ from pyroute2 import IPRoute
 from driver.discovery.nic import NicDiscovery
 from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
-from driver.sim.nics import render_nic
-from driver.sim.profile import NicSpec
+from sim.nics import render_nic
+from sim.profile import NicSpec
 
 
 def _wait(cond: Callable[[], bool], timeout: float) -> bool:

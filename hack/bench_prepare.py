@@ -19,11 +19,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from driver.demo import DRIVER, SimNode, stop_daemon
-from driver.sim.apiserver import SimApiServer
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.profile import GpuSpec, NicSpec, NodeProfile
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from demo.node import DRIVER, SimNode, stop_daemon
+from sim.apiserver import SimApiServer
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.profile import GpuSpec, NicSpec, NodeProfile
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")

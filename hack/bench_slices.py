@@ -20,8 +20,8 @@ from typing import Any
 
 from driver.kubeapi import KubeAPI
 from driver.model import Device, DeviceKind
-from driver.sim.apiserver import SimApiServer
-from driver.slices import PublisherOptions, SlicePublisher
+from driver.slices.publisher import PublisherOptions, SlicePublisher
+from sim.apiserver import SimApiServer
 
 DRIVER = "tandem.example.com"
 NODE = "bench-node"

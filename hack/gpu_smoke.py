@@ -14,9 +14,11 @@ from pathlib import Path
 
 import yaml
 
-from driver.discovery.gpu import GpuDiscovery, NvmlUnavailable
-from driver.discovery.nic import NicDiscovery, NicDiscoveryError
-from driver.slices import build_slices
+from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.nvml import NvmlUnavailable
+from driver.slices.build import build_slices
 
 
 def main() -> int:

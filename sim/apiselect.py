@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from driver.sim.apierrors import bad_request
+from sim.apierrors import bad_request
 
 Predicate = Callable[[dict[str, Any]], bool]
 FieldGetter = Callable[[dict[str, Any]], str]

@@ -6,10 +6,10 @@ right codes, list envelopes, chunked newline-delimited watch streams with 410 Go
 resourceVersions, server-side apply of claim status. Faults (error codes, delays, dropped watches)
 can be injected to test the driver's retry paths, and every request is logged for assertions.
 
-Storage and admission live in `apistore`, validation in `apivalidate`; this module is the HTTP door
-plus an in-process door (`srv.create`, `srv.get`, ...) that goes through the same admission rules.
+Storage and admission live in `apistore`, validation in `apivalidate`, URL paths and discovery
+documents in `apiroutes`; this module is the HTTP door plus an in-process door (`srv.create`, `srv.get`, ...) that goes through the same admission rules.
 
-Run standalone: `python -m driver.sim.apiserver --kubeconfig PATH` (serves until SIGTERM).
+Run standalone: `python -m sim.apiserver --kubeconfig PATH` (serves until SIGTERM).
 """
 
 from __future__ import annotations
@@ -33,14 +33,13 @@ from urllib.parse import parse_qs, urlsplit
 
 import yaml
 
-from driver.sim import apivalidate
-from driver.sim.apierrors import ApiError, bad_request
-from driver.sim.apiselect import field_selector, label_selector
-from driver.sim.apistore import Store, Watcher, now_rfc3339
-from driver.sim.apitypes import BY_PATH, BY_PLURAL, RESOURCE_TYPES, ResourceType
+from sim import apiroutes, apivalidate
+from sim.apierrors import ApiError, bad_request
+from sim.apiselect import field_selector, label_selector
+from sim.apistore import Store, Watcher
+from sim.apitypes import ResourceType
 
 PathT = TypeVar("PathT", str, os.PathLike)
-KUBERNETES_VERSION = "v1.37.0"
 DEFAULT_WATCH_SECONDS = 1800  # a real server picks 30-60 min; clients reconnect either way
 _WATCH_POLL_SECONDS = 0.5  # how often an idle watch checks whether its client went away
 _MAX_BODY = 64 * 1024 * 1024
@@ -114,19 +113,6 @@ class Faults:
                     return fault
             self._faults = [f for f in self._faults if f.remaining > 0]
             return None
-
-
-@dataclass
-class _Route:
-    """Where a URL path points: a resource request, or a discovery document when `discovery` is set."""
-
-    rtype: ResourceType | None = None
-    namespace: str = ""
-    name: str = ""
-    subresource: str = ""
-    discovery: dict[str, Any] | None = None
-    group: str = ""
-    plural: str = ""
 
 
 class SimApiServer:
@@ -219,10 +205,10 @@ class SimApiServer:
 
     def get(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
         """The object; raises KeyError (an ApiError 404) if missing."""
-        return self.store.get(_rtype(plural), namespace, name)
+        return self.store.get(apiroutes.resource_type(plural), namespace, name)
 
     def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
-        items, _ = self.store.list(_rtype(plural), namespace, lambda _obj: True)
+        items, _ = self.store.list(apiroutes.resource_type(plural), namespace, lambda _obj: True)
         return items
 
     def update(self, obj: dict[str, Any]) -> dict[str, Any]:
@@ -232,7 +218,7 @@ class SimApiServer:
         return self.store.update(rtype, meta.get("namespace"), meta.get("name"), obj, replace_status=True)
 
     def delete(self, plural: str, name: str, namespace: str | None = None) -> dict[str, Any]:
-        return self.store.delete(_rtype(plural), namespace, name)
+        return self.store.delete(apiroutes.resource_type(plural), namespace, name)
 
     def add_node(self, name: str) -> dict[str, Any]:
         return self.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}, "spec": {}})
@@ -262,13 +248,6 @@ class SimApiServer:
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
-
-
-def _rtype(plural: str) -> ResourceType:
-    rtype = BY_PLURAL.get(plural)
-    if rtype is None:
-        raise ApiError(404, f"the server could not find the requested resource ({plural})", "NotFound")
-    return rtype
 
 
 class _HttpServer(ThreadingHTTPServer):
@@ -339,8 +318,8 @@ class _Handler(BaseHTTPRequestHandler):
         url = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
         content_type = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-        route = _route(url.path, self.server.server_address)
-        verb = _verb(method, route, query)
+        route = apiroutes.route(url.path, self.server.server_address)
+        verb = apiroutes.verb(method, route, query)
         self._pending_record: RequestRecord | None = RequestRecord(
             method=method,
             path=url.path,
@@ -405,7 +384,7 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length else b""
 
     def _serve(
-        self, method: str, route: _Route, verb: str, query: dict[str, str], content_type: str, raw: bytes
+        self, method: str, route: apiroutes.Route, verb: str, query: dict[str, str], content_type: str, raw: bytes
     ) -> int:
         store = self.server.sim.store
         if route.discovery is not None:
@@ -564,122 +543,6 @@ def _yaml_body(raw: bytes) -> Any:
         return yaml.safe_load(raw.decode()) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as e:
         raise bad_request(f"the apply body is not valid YAML: {e}") from None
-
-
-def _verb(method: str, route: _Route, query: dict[str, str]) -> str:
-    if route.rtype is None:
-        return "get"
-    if method == "GET":
-        if route.name:
-            return "get"
-        return "watch" if query.get("watch") in ("true", "1") else "list"
-    if method == "DELETE":
-        return "delete" if route.name else "deletecollection"
-    return {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method, method.lower())
-
-
-def _route(path: str, address: tuple[Any, ...]) -> _Route:
-    parts = [p for p in path.split("/") if p]
-    if parts == ["version"]:
-        return _Route(discovery=_version())
-    if parts == ["api"]:
-        server = f"{address[0]}:{address[1]}"
-        return _Route(
-            discovery={
-                "kind": "APIVersions",
-                "versions": ["v1"],
-                "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": server}],
-            }
-        )
-    if parts == ["apis"]:
-        return _Route(
-            discovery={"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group_doc(g) for g in _groups()]}
-        )
-    if len(parts) == 2 and parts[0] == "apis" and parts[1] in _groups():
-        return _Route(discovery={"kind": "APIGroup", "apiVersion": "v1", **_group_doc(parts[1])})
-    if parts[:1] == ["api"]:
-        group, rest = "", parts[1:]
-    elif parts[:1] == ["apis"] and len(parts) >= 2:
-        group, rest = parts[1], parts[2:]
-    else:
-        return _Route()
-    if not rest:
-        return _Route()
-    version, rest = rest[0], rest[1:]
-    if not rest:
-        if any(t.group == group and t.version == version for t in RESOURCE_TYPES):
-            return _Route(discovery=_resource_list(group, version))
-        return _Route()
-    namespace = ""
-    if rest[0] == "namespaces" and len(rest) >= 3:
-        namespace, rest = rest[1], rest[2:]
-    plural, name, sub = rest[0], (rest[1] if len(rest) > 1 else ""), (rest[2] if len(rest) > 2 else "")
-    rtype = BY_PATH.get((group, version, plural))
-    route = _Route(namespace=namespace, name=name, subresource=sub, group=group, plural=plural)
-    valid = (
-        rtype is not None
-        and len(rest) <= 3
-        and (not namespace or rtype.namespaced)
-        and (not sub or sub in rtype.subresources)
-        and not (rtype.namespaced and name and not namespace)  # a named namespaced object needs its namespace
-    )
-    if valid:
-        route.rtype = rtype
-    return route
-
-
-def _groups() -> list[str]:
-    return sorted({t.group for t in RESOURCE_TYPES if t.group})
-
-
-def _group_doc(group: str) -> dict[str, Any]:
-    versions = sorted({t.version for t in RESOURCE_TYPES if t.group == group})
-    docs = [{"groupVersion": f"{group}/{v}", "version": v} for v in versions]
-    return {"name": group, "versions": docs, "preferredVersion": docs[0]}
-
-
-def _resource_list(group: str, version: str) -> dict[str, Any]:
-    resources = []
-    for t in RESOURCE_TYPES:
-        if (t.group, t.version) != (group, version):
-            continue
-        verbs = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
-        resources.append(
-            {
-                "name": t.plural,
-                "singularName": t.kind.lower(),
-                "namespaced": t.namespaced,
-                "kind": t.kind,
-                "verbs": verbs,
-                **({"shortNames": list(t.short_names)} if t.short_names else {}),
-            }
-        )
-        for sub in t.subresources:
-            resources.append(
-                {
-                    "name": f"{t.plural}/{sub}",
-                    "singularName": "",
-                    "namespaced": t.namespaced,
-                    "kind": t.kind,
-                    "verbs": ["get", "patch", "update"],
-                }
-            )
-    group_version = f"{group}/{version}" if group else version
-    return {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version, "resources": resources}
-
-
-def _version() -> dict[str, str]:
-    return {
-        "major": "1",
-        "minor": "37",
-        "gitVersion": KUBERNETES_VERSION,
-        "gitCommit": "simulated",
-        "gitTreeState": "clean",
-        "buildDate": now_rfc3339(),
-        "goVersion": "go1.25.0",
-        "compiler": "gc",
-        "platform": "linux/amd64",
-    }
 
 
 def main(argv: list[str] | None = None) -> int:

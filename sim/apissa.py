@@ -18,8 +18,8 @@ import copy
 import json
 from typing import Any
 
-from driver.sim.apierrors import ApiError
-from driver.sim.apivalidate import device_status_key
+from sim.apierrors import ApiError
+from sim.apivalidate import device_status_key
 
 Key = tuple[str, str, str, str]
 

@@ -20,8 +20,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from driver.sim import apissa, apivalidate
-from driver.sim.apierrors import (
+from sim import apissa, apivalidate
+from sim.apierrors import (
     ApiError,
     already_exists,
     bad_request,
@@ -29,8 +29,8 @@ from driver.sim.apierrors import (
     invalid,
     not_found,
 )
-from driver.sim.apiselect import Predicate
-from driver.sim.apitypes import BY_KIND, RESOURCE_TYPES, ResourceType
+from sim.apiselect import Predicate
+from sim.apitypes import BY_KIND, RESOURCE_TYPES, ResourceType
 
 # apimachinery's utilrand alphabet: no vowels (no accidental words), no confusable 0/1/3.
 _NAME_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"
@@ -41,6 +41,8 @@ Key = tuple[str, str]  # (namespace or "", name)
 
 
 def now_rfc3339() -> str:
+    """The server's clock in metav1.Time form (RFC 3339, whole seconds, UTC), for every timestamp
+    the simulated cluster writes."""
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 

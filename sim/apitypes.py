@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from driver.sim.apiselect import FieldGetter, path_getter
+from sim.apiselect import FieldGetter, path_getter
 
 
 @dataclass(frozen=True)

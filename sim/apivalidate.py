@@ -2,8 +2,14 @@
 
 Two layers, as in a real server: the published OpenAPI schema of Kubernetes 1.37 (from the
 `kubernetes-validate` package, strict: unknown fields are errors) and the hand-written rules the
-schema cannot express (resource-api.md §2 and §4.3). Every function returns a list of problems in
-the API server's `path: Invalid value: ...` wording; an empty list means valid.
+schema cannot express (docs/reference/resource-api.md, 'Validation the OpenAPI schema cannot
+express' and 'Claim status: devices'). Every function returns a list of problems in the API
+server's `path: Invalid value: ...` wording; an empty list means valid.
+
+The limits and name patterns below deliberately repeat what the driver has in
+`driver.resource_api` and `cdi.names`: this is the API server the driver is tested against, so it
+keeps its own copy of Kubernetes' rules, written from the API's source. Sharing the driver's
+constants would make a wrong limit in the driver pass every test against its own mistake.
 
 Schema loading is the costly part (a 1.8 MB definitions file), so validators are built once per
 process and kind and shared by every server instance.
@@ -21,10 +27,12 @@ from typing import Any
 import jsonschema
 from referencing import Registry, Resource
 
-from driver.sim import apiquantity
+from sim import apiquantity
 
 SCHEMA_VERSION = "v1.37.0-local-strict"
 
+# Kubernetes' own numbers and patterns (resource/v1 validation, apimachinery), independent of the
+# driver's on purpose: see the module docstring.
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
@@ -169,7 +177,7 @@ def uses_advanced_features(device: dict[str, Any]) -> bool:
 
 
 def slice_problems(spec: dict[str, Any]) -> list[str]:
-    """The ResourceSlice rules of resource-api.md §2 that the OpenAPI schema cannot express."""
+    """The ResourceSlice rules that the OpenAPI schema cannot express (docs/reference/resource-api.md, 'Validation the OpenAPI schema cannot express')."""
     problems: list[str] = []
     problems += dns_subdomain_problems("spec.driver", spec.get("driver"))
     if isinstance(spec.get("driver"), str) and len(spec["driver"]) > 63:
@@ -368,7 +376,7 @@ def device_status_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
 
 
 def claim_status_problems(status: dict[str, Any]) -> list[str]:
-    """status.devices rules of resource-api.md §4.3: unique keys, allocated devices only, conditions, IPs."""
+    """status.devices rules (docs/reference/resource-api.md, 'Claim status: devices'): unique keys, allocated devices only, conditions, IPs."""
     problems: list[str] = []
     allocated = {
         device_status_key(r) for r in (((status.get("allocation") or {}).get("devices") or {}).get("results") or [])

@@ -37,7 +37,7 @@ from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 DRA_PLUGIN_TYPE = "DRAPlugin"
 REG_SOCKET_SUFFIX = "-reg.sock"
-# Hashed rolling-update registration sockets (kubelet-contract.md §2.4, candidate 3) carry no
+# Hashed rolling-update registration sockets (docs/reference/kubelet-plugin.md, 'Rolling-update names') carry no
 # driver name, only this prefix.
 HASHED_REG_SOCKET_PREFIX = "dra-"
 

@@ -1,6 +1,6 @@
 """Render a simulated RDMA NIC into sysfs and /dev, laid out the way the kernel lays out mlx5.
 
-Under the PCI function `devices/.../<bdf>/` (made by `driver.sim.sysfs.pci_device_dir`):
+Under the PCI function `devices/.../<bdf>/` (made by `sim.fstree.pci_device_dir`):
 
 * `net/<ifname>/{address,mtu,speed,operstate,carrier,type,dev_port}` and `device` -> the function;
   `class/net/<ifname>` is a relative link to it. An empty `ifname` renders no netdev (an
@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from driver.sim.profile import NicSpec
-from driver.sim.sysfs import _char_device, _symlink, _write, pci_device_dir
+from sim.fstree import char_device, pci_device_dir, symlink, write
+from sim.profile import NicSpec
 
 SIM_ADDRESSES_FILE = "tandem-sim-addresses"
 IB_MAJOR = 231
@@ -46,16 +46,16 @@ def render_netdev(fn: Path, sysfs_root: Path, nic: NicSpec, ifname: str, dev_por
     """One netdev of the function `fn`; a multi-port function gets one per port (`dev_port`)."""
     net = fn / "net" / ifname
     ib = nic.link_layer == "InfiniBand"
-    _write(net / "address", f"{nic.mac}\n")
-    _write(net / "mtu", f"{nic.mtu}\n")
-    _write(net / "speed", f"{nic.speed_mbps}\n")
-    _write(net / "operstate", f"{nic.operstate}\n")
-    _write(net / "carrier", "1\n" if nic.operstate == "up" else "0\n")
-    _write(net / "type", f"{ARPHRD_INFINIBAND if ib else ARPHRD_ETHER}\n")
-    _write(net / "dev_port", f"{dev_port}\n")
-    _write(net / SIM_ADDRESSES_FILE, "".join(f"{a}\n" for a in [*nic.ipv4, *nic.ipv6]))
-    _symlink(net / "device", fn)
-    _symlink(sysfs_root / "class" / "net" / ifname, net)
+    write(net / "address", f"{nic.mac}\n")
+    write(net / "mtu", f"{nic.mtu}\n")
+    write(net / "speed", f"{nic.speed_mbps}\n")
+    write(net / "operstate", f"{nic.operstate}\n")
+    write(net / "carrier", "1\n" if nic.operstate == "up" else "0\n")
+    write(net / "type", f"{ARPHRD_INFINIBAND if ib else ARPHRD_ETHER}\n")
+    write(net / "dev_port", f"{dev_port}\n")
+    write(net / SIM_ADDRESSES_FILE, "".join(f"{a}\n" for a in [*nic.ipv4, *nic.ipv6]))
+    symlink(net / "device", fn)
+    symlink(sysfs_root / "class" / "net" / ifname, net)
     return net
 
 
@@ -76,46 +76,44 @@ def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
     rdma = fn / "infiniband" / nic.rdma_device
     for port in range(1, nic.ports + 1):
         port_dir = rdma / "ports" / str(port)
-        _write(port_dir / "state", f"{nic.port_state}\n")
-        _write(port_dir / "link_layer", f"{nic.link_layer}\n")
-        _write(port_dir / "gid_attrs" / "ndevs" / "0", f"{nic.ifname}\n")
-    _symlink(rdma / "device", fn)
-    _symlink(sysfs_root / "class" / "infiniband" / nic.rdma_device, rdma)
+        write(port_dir / "state", f"{nic.port_state}\n")
+        write(port_dir / "link_layer", f"{nic.link_layer}\n")
+        write(port_dir / "gid_attrs" / "ndevs" / "0", f"{nic.ifname}\n")
+    symlink(rdma / "device", fn)
+    symlink(sysfs_root / "class" / "infiniband" / nic.rdma_device, rdma)
 
     use_mknod = os.geteuid() == 0
     uverbs = f"uverbs{nic.uverbs_index}"
     _class_entry(fn, sysfs_root, "infiniband_verbs", uverbs, nic.rdma_device, None, UVERBS_BASE_MINOR)
-    use_mknod = _char_device(
-        dev_root / "infiniband" / uverbs, IB_MAJOR, UVERBS_BASE_MINOR + nic.uverbs_index, use_mknod
-    )
+    use_mknod = char_device(dev_root / "infiniband" / uverbs, IB_MAJOR, UVERBS_BASE_MINOR + nic.uverbs_index, use_mknod)
     for port in range(1, nic.ports + 1):
         m = umad_index(nic, port)
         for name, minor in ((f"umad{m}", m), (f"issm{m}", ISSM_BASE_MINOR + m)):
             _class_entry(fn, sysfs_root, "infiniband_mad", name, nic.rdma_device, port, minor)
-            _char_device(dev_root / "infiniband" / name, IB_MAJOR, minor, use_mknod)
-    _char_device(dev_root / "infiniband" / "rdma_cm", MISC_MAJOR, RDMA_CM_MINOR, use_mknod)
+            char_device(dev_root / "infiniband" / name, IB_MAJOR, minor, use_mknod)
+    char_device(dev_root / "infiniband" / "rdma_cm", MISC_MAJOR, RDMA_CM_MINOR, use_mknod)
 
     if nic.is_vf and nic.physfn:
         _link_vf(fn, sysfs_root, nic.physfn)
     elif nic.sriov_totalvfs > 0:
-        _write(fn / "sriov_totalvfs", f"{nic.sriov_totalvfs}\n")
-        _write(fn / "sriov_numvfs", f"{nic.sriov_numvfs}\n")
+        write(fn / "sriov_totalvfs", f"{nic.sriov_totalvfs}\n")
+        write(fn / "sriov_numvfs", f"{nic.sriov_numvfs}\n")
 
 
 def _class_entry(fn: Path, sysfs_root: Path, cls: str, name: str, ibdev: str, port: int | None, minor: int) -> None:
     entry = fn / cls / name
-    _write(entry / "ibdev", f"{ibdev}\n")
-    _write(entry / "dev", f"{IB_MAJOR}:{minor}\n")
+    write(entry / "ibdev", f"{ibdev}\n")
+    write(entry / "dev", f"{IB_MAJOR}:{minor}\n")
     if port is not None:
-        _write(entry / "port", f"{port}\n")
-    _symlink(entry / "device", fn)
-    _symlink(sysfs_root / "class" / cls / name, entry)
+        write(entry / "port", f"{port}\n")
+    symlink(entry / "device", fn)
+    symlink(sysfs_root / "class" / cls / name, entry)
 
 
 def _link_vf(vf: Path, sysfs_root: Path, physfn: str) -> None:
     pf_link = sysfs_root / "bus" / "pci" / "devices" / physfn
     pf = pf_link.resolve() if pf_link.exists() else pf_link
-    _symlink(vf / "physfn", pf)
+    symlink(vf / "physfn", pf)
     if not pf.is_dir():
         return
     taken = {p.resolve() for p in pf.glob("virtfn*")}
@@ -124,4 +122,4 @@ def _link_vf(vf: Path, sysfs_root: Path, physfn: str) -> None:
     k = 0
     while (pf / f"virtfn{k}").is_symlink():
         k += 1
-    _symlink(pf / f"virtfn{k}", vf)
+    symlink(pf / f"virtfn{k}", vf)

@@ -1,4 +1,4 @@
-"""Wiring for the fake `pynvml` (driver/sim/fake_pynvml/pynvml.py): where it lives, its state file.
+"""Wiring for the fake `pynvml` (sim/fake_pynvml/pynvml.py): where it lives, its state file.
 
 The fake reads a `NodeProfile` JSON file named by `TANDEM_SIM_NVML_STATE`. Tests running the
 discovery in-process prepend `FAKE_PYNVML_DIR` to `sys.path`; a daemon started as a separate
@@ -14,37 +14,30 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-from driver.sim.profile import NodeProfile
+from cdi import atomic_write
+from sim.profile import NodeProfile
 
 FAKE_PYNVML_DIR: Path = Path(__file__).resolve().parent / "fake_pynvml"
 STATE_ENV = "TANDEM_SIM_NVML_STATE"
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def _replace(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write(path, text.encode())
 
 
 def write_state(profile: NodeProfile, path: Path) -> None:
     """Give the fake NVML this node (replacing any previous state in one step)."""
-    _atomic_write(path, profile.to_json())
+    _replace(path, profile.to_json())
 
 
 def write_driver_unloaded(path: Path) -> None:
     """Make the fake NVML behave as if the kernel driver were not loaded."""
-    _atomic_write(path, json.dumps({"driver_loaded": False}))
+    _replace(path, json.dumps({"driver_loaded": False}))
 
 
 def events_path(state_path: Path) -> Path:

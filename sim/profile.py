@@ -1,12 +1,12 @@
 """Hardware description of a simulated node: GPUs (with MIG), RDMA NICs, NUMA nodes, PCIe roots.
 
 A profile is pure data. Renderers turn it into what the real discovery code reads: a sysfs tree
-and device nodes (`driver.sim.sysfs`), the fake `pynvml` module's state (`driver.sim.nvml`) and
-NIC sysfs entries (`driver.sim.nics`). The profile is JSON-serialisable so that a daemon running
+and device nodes (`sim.sysfs`), the fake `pynvml` module's state (`sim.nvml`) and
+NIC sysfs entries (`sim.nics`). The profile is JSON-serialisable so that a daemon running
 as a separate process can be given the same node (see `NodeProfile.to_json`).
 
-This module must not import anything from `driver` outside `driver.sim`: the simulation stands
-in for the outside world and must not share the driver's own assumptions.
+Like all of `sim`, this module imports nothing of `driver`: the simulation stands in for the
+outside world and must not share the driver's own assumptions.
 """
 
 from __future__ import annotations

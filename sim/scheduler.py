@@ -8,10 +8,11 @@ allocator's CEL evaluation is not Tandem's job, the shape of what it writes is.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from sim.apistore import now_rfc3339
 
 Published = dict[str, Any]  # one device of a slice, plus "pool" and "driver" keys
 
@@ -97,7 +98,6 @@ def allocate(
             picked += [(r, d) for d in fits]
             free = [d for d in free if d not in fits]
         else:
-            now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
             claim.setdefault("status", {})["allocation"] = {
                 "devices": {
@@ -110,7 +110,7 @@ def allocate(
                         {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
                     ]
                 },
-                "allocationTimestamp": now,
+                "allocationTimestamp": now_rfc3339(),
             }
             return srv.update(claim)
     raise LookupError(f"no devices satisfy the claim's requests {[r.name for r in requests]}")

@@ -23,10 +23,11 @@ removed device's files are not deleted; tests that remove hardware render a fres
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
-from driver.sim.profile import GpuSpec, NodeProfile
+from sim.fstree import char_device, pci_device_dir, symlink, write
+from sim.nics import render_nic
+from sim.profile import GpuSpec, NodeProfile
 
 CPUS_PER_NODE = 4
 
@@ -48,8 +49,6 @@ _CIS_PER_GI = 8
 _MINORS_PER_GI = 1 + _CIS_PER_GI
 _MINORS_PER_GPU = _GIS_PER_GPU * _MINORS_PER_GI
 
-_PCI_CLASS_BY_VENDOR = {0x10DE: 0x030200, 0x15B3: 0x020000}  # 3D controller, Ethernet controller
-
 
 def mig_gi_cap_minor(gpu_minor: int, gi: int) -> int:
     return MIG_CAP_MONITOR + 1 + gpu_minor * _MINORS_PER_GPU + gi * _MINORS_PER_GI
@@ -59,117 +58,48 @@ def mig_ci_cap_minor(gpu_minor: int, gi: int, ci: int) -> int:
     return mig_gi_cap_minor(gpu_minor, gi) + 1 + ci
 
 
-def _write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
-
-
-def _symlink(link: Path, target: Path) -> None:
-    """A relative link from `link` to `target`, replacing whatever was there."""
-    link.parent.mkdir(parents=True, exist_ok=True)
-    rel = os.path.relpath(target, link.parent)
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(rel)
-
-
-def pci_device_dir(
-    sysfs_root: Path,
-    bdf: str,
-    pcie_root: str,
-    numa_node: int,
-    vendor: int,
-    device: int,
-    driver: str | None,
-    *,
-    pci_class: int | None = None,
-) -> Path:
-    """Create a PCI function's sysfs directory and its links; return the real directory.
-
-    `pci_class` defaults to a 3D controller for NVIDIA and an Ethernet controller otherwise.
-    """
-    domain, bus, _ = bdf.split(":", 2)
-    root_bus = pcie_root.split(":")[-1]
-    parent = sysfs_root / "devices" / pcie_root
-    if bus != root_bus:
-        bridge = f"{domain}:{root_bus}:01.0"
-        parent = parent / bridge
-        _write(parent / "class", "0x060400\n")
-        _write(parent / "vendor", "0x8086\n")
-    real = parent / bdf
-    cls = pci_class if pci_class is not None else _PCI_CLASS_BY_VENDOR.get(vendor, 0x020000)
-    _write(real / "numa_node", f"{numa_node}\n")
-    _write(real / "vendor", f"0x{vendor:04x}\n")
-    _write(real / "device", f"0x{device:04x}\n")
-    _write(real / "class", f"0x{cls:06x}\n")
-    drivers = sysfs_root / "bus" / "pci" / "drivers"
-    if driver is not None:
-        _symlink(real / "driver", drivers / driver)
-        _symlink(drivers / driver / bdf, real)
-    elif (real / "driver").is_symlink():
-        (real / "driver").unlink()
-    _symlink(sysfs_root / "bus" / "pci" / "devices" / bdf, real)
-    return real
-
-
 def _render_numa(profile: NodeProfile, sysfs_root: Path) -> None:
     nodes = sysfs_root / "devices" / "system" / "node"
     cpus = sysfs_root / "devices" / "system" / "cpu"
     distances = profile.distances()
     sockets = profile.sockets()
     last = profile.numa_nodes - 1
-    _write(nodes / "online", "0\n" if last == 0 else f"0-{last}\n")
-    _write(nodes / "possible", "0\n" if last == 0 else f"0-{last}\n")
+    write(nodes / "online", "0\n" if last == 0 else f"0-{last}\n")
+    write(nodes / "possible", "0\n" if last == 0 else f"0-{last}\n")
     for n in range(profile.numa_nodes):
         first = n * CPUS_PER_NODE
         node_dir = nodes / f"node{n}"
-        _write(node_dir / "distance", " ".join(str(d) for d in distances[n]) + "\n")
-        _write(node_dir / "cpulist", f"{first}-{first + CPUS_PER_NODE - 1}\n")
+        write(node_dir / "distance", " ".join(str(d) for d in distances[n]) + "\n")
+        write(node_dir / "cpulist", f"{first}-{first + CPUS_PER_NODE - 1}\n")
         for cpu in range(first, first + CPUS_PER_NODE):
             topo = cpus / f"cpu{cpu}" / "topology"
-            _write(topo / "physical_package_id", f"{sockets[n]}\n")
-            _write(topo / "core_id", f"{cpu - first}\n")
-            _symlink(node_dir / f"cpu{cpu}", cpus / f"cpu{cpu}")
+            write(topo / "physical_package_id", f"{sockets[n]}\n")
+            write(topo / "core_id", f"{cpu - first}\n")
+            symlink(node_dir / f"cpu{cpu}", cpus / f"cpu{cpu}")
     total = profile.numa_nodes * CPUS_PER_NODE
-    _write(cpus / "online", f"0-{total - 1}\n")
-
-
-def _char_device(path: Path, major: int, minor: int, use_mknod: bool) -> bool:
-    """A character device if we may create one, else an empty file; returns which it made."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.exists() or path.is_symlink():
-        path.unlink()
-    if use_mknod:
-        try:
-            os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-            os.chmod(path, 0o666)  # as the nvidia driver makes them; mknod honours the umask
-            return True
-        except OSError:
-            pass
-    path.touch()
-    return False
+    write(cpus / "online", f"0-{total - 1}\n")
 
 
 def _render_gpu_dev_nodes(profile: NodeProfile, dev_root: Path) -> None:
     use_mknod = os.geteuid() == 0
     if profile.gpus:
-        use_mknod = _char_device(dev_root / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, use_mknod)
-        _char_device(dev_root / "nvidia-modeset", NVIDIA_MAJOR, NVIDIA_MODESET_MINOR, use_mknod)
-        _char_device(dev_root / "nvidia-uvm", NVIDIA_UVM_MAJOR, 0, use_mknod)
-        _char_device(dev_root / "nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1, use_mknod)
+        use_mknod = char_device(dev_root / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, use_mknod)
+        char_device(dev_root / "nvidia-modeset", NVIDIA_MAJOR, NVIDIA_MODESET_MINOR, use_mknod)
+        char_device(dev_root / "nvidia-uvm", NVIDIA_UVM_MAJOR, 0, use_mknod)
+        char_device(dev_root / "nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1, use_mknod)
     for gpu in profile.gpus:
-        _char_device(dev_root / f"nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor, use_mknod)
+        char_device(dev_root / f"nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor, use_mknod)
     if any(g.mig_capable for g in profile.gpus):
         caps = dev_root / "nvidia-caps"
-        _char_device(caps / f"nvidia-cap{MIG_CAP_CONFIG}", NVIDIA_CAPS_MAJOR, MIG_CAP_CONFIG, use_mknod)
-        _char_device(caps / f"nvidia-cap{MIG_CAP_MONITOR}", NVIDIA_CAPS_MAJOR, MIG_CAP_MONITOR, use_mknod)
+        char_device(caps / f"nvidia-cap{MIG_CAP_CONFIG}", NVIDIA_CAPS_MAJOR, MIG_CAP_CONFIG, use_mknod)
+        char_device(caps / f"nvidia-cap{MIG_CAP_MONITOR}", NVIDIA_CAPS_MAJOR, MIG_CAP_MONITOR, use_mknod)
         for gpu in profile.gpus:
             for mig in gpu.mig_devices if gpu.mig_mode else []:
                 for minor in (
                     mig_gi_cap_minor(gpu.minor, mig.gi_id),
                     mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id),
                 ):
-                    _char_device(caps / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, use_mknod)
+                    char_device(caps / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, use_mknod)
 
 
 def _access(minor: int) -> str:
@@ -177,7 +107,7 @@ def _access(minor: int) -> str:
 
 
 def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
-    _write(
+    write(
         proc_root / "devices",
         "Character devices:\n"
         f"{NVIDIA_MAJOR} nvidia-frontend\n{NVIDIA_CAPS_MAJOR} nvidia-caps\n{NVIDIA_UVM_MAJOR} nvidia-uvm\n",
@@ -193,15 +123,15 @@ def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
                 f"gpu{gpu.minor}/gi{gi}/ci{ci}/access {mig_ci_cap_minor(gpu.minor, gi, ci)}"
                 for ci in range(_CIS_PER_GI)
             ]
-    _write(proc_root / "driver" / "nvidia-caps" / "mig-minors", "\n".join(lines) + "\n")
+    write(proc_root / "driver" / "nvidia-caps" / "mig-minors", "\n".join(lines) + "\n")
     caps = proc_root / "driver" / "nvidia" / "capabilities"
-    _write(caps / "mig" / "config", _access(MIG_CAP_CONFIG))
-    _write(caps / "mig" / "monitor", _access(MIG_CAP_MONITOR))
+    write(caps / "mig" / "config", _access(MIG_CAP_CONFIG))
+    write(caps / "mig" / "monitor", _access(MIG_CAP_MONITOR))
     for gpu in mig_gpus:
         for mig in gpu.mig_devices if gpu.mig_mode else []:
             gi_dir = caps / f"gpu{gpu.minor}" / "mig" / f"gi{mig.gi_id}"
-            _write(gi_dir / "access", _access(mig_gi_cap_minor(gpu.minor, mig.gi_id)))
-            _write(
+            write(gi_dir / "access", _access(mig_gi_cap_minor(gpu.minor, mig.gi_id)))
+            write(
                 gi_dir / f"ci{mig.ci_id}" / "access",
                 _access(mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id)),
             )
@@ -223,8 +153,5 @@ def render_node(profile: NodeProfile, sysfs_root: Path, dev_root: Path, proc_roo
     _render_gpu_dev_nodes(profile, dev_root)
     if proc_root is not None:
         _render_proc(profile, proc_root)
-    if profile.nics:
-        from driver.sim.nics import render_nic  # written alongside; imported only when needed
-
-        for nic in profile.nics:
-            render_nic(nic, sysfs_root, dev_root)
+    for nic in profile.nics:
+        render_nic(nic, sysfs_root, dev_root)

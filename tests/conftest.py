@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from driver.demo import DRIVER, SimNode, stop_daemon
-from driver.sim.apiserver import SimApiServer
-from driver.sim.kubelet import KubeletSim
-from driver.sim.profile import NodeProfile, h100_node
+from demo.node import DRIVER, SimNode, stop_daemon
+from sim.apiserver import SimApiServer
+from sim.kubelet import KubeletSim
+from sim.profile import NodeProfile, h100_node
 
 
 @pytest.fixture

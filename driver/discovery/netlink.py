@@ -188,6 +188,11 @@ def _default_route_links(routes: list) -> frozenset[int]:
     return frozenset(i for _, oifs in best.values() for i in oifs)
 
 
+def namespace_name(netns: str | None) -> str:
+    """The namespace in words, for error messages: `network namespace 'x'` or the driver's own."""
+    return f"network namespace {netns!r}" if netns else "the driver's network namespace"
+
+
 def open_event_socket(netns: str | None = None, groups: int = NIC_EVENT_GROUPS) -> socket.socket:
     """A non-blocking rtnetlink socket subscribed to `groups` in `netns` (never created here)."""
     if netns:

@@ -2,7 +2,7 @@
 
 A container image carries CUDA but not the driver's user-space half (libcuda, NVML, the JIT
 compilers, nvidia-smi): it must match the kernel module, so it comes from the node. NVIDIA's own
-DRA driver puts these files into every claim's CDI spec (anchors.md §1.9: "driver library mounts;
+DRA driver puts these files into every claim's CDI spec (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs': "driver library mounts;
 binaries nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-control,
 nvidia-cuda-mps-server, nvidia-imex, nvidia-imex-ctl; GSP firmware"); Tandem does the same as
 read-only bind mounts.

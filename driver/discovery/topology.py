@@ -1,7 +1,7 @@
 """PCI topology from sysfs: the standard pciBusID, pcieRoot and numaNode attributes.
 
-Derivations follow k8s.io/dynamic-resource-allocation `deviceattribute` (kubelet-contract.md
-section 7) so that `matchAttribute: resource.kubernetes.io/pcieRoot` or `.../numaNode` constraints
+Derivations follow k8s.io/dynamic-resource-allocation `deviceattribute` (docs/reference/kubelet-plugin.md,
+'Standard attributes') so that `matchAttribute: resource.kubernetes.io/pcieRoot` or `.../numaNode` constraints
 line up across drivers. Shared by GPU and NIC discovery; every reader takes the sysfs root so tests
 and containers can point it elsewhere. Readers fail soft: a device whose topology cannot be read
 is still a device, just without these attributes, and the reason is logged.
@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue
+from driver.resource_api import MAX_VALUE_LENGTH
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,6 @@ _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
 # NVML's form: an 8-digit domain, upper case ("00000000:1B:00.0").
 _NVML_BDF = re.compile(r"^([0-9a-f]{8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f])$")
 MAX_NUMA_NODE = 1023
-_MAX_ATTRIBUTE_STRING = 64
 
 
 def is_pci_bus_id(value: str) -> bool:
@@ -81,7 +81,7 @@ def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
         log.warning("pcieRoot of %s: link target %r is not a PCI device path", bdf, target)
         return None
     root = parts[1]
-    if len(root) > _MAX_ATTRIBUTE_STRING:
+    if len(root) > MAX_VALUE_LENGTH:
         log.warning("pcieRoot of %s: %r is too long for an attribute", bdf, root)
         return None
     return root

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from driver.health.gpu_policy import NAMES as GPU_CONDITIONS
-from driver.health.nic import LINK_DOWN, RDMA_PORT_DOWN
+from driver.health.nic_signals import LINK_DOWN, RDMA_PORT_DOWN
 from driver.model import TaintEffect
 
 

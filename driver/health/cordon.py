@@ -14,7 +14,6 @@ the data dir during a rolling update never drop each other's cordons.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import difflib
 import json
 import logging
@@ -25,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.fsutil import atomic_write, locked
+from cdi import atomic_write
+from driver.fsutil import locked
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
+from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,6 @@ class Cordon:
     def message(self) -> str:
         who = f" by {self.by}" if self.by else ""
         return f"cordoned{who} at {self.since}: {self.reason}"
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
 
 def _check_text(what: str, text: str, limit: int, required: bool) -> str:
@@ -160,7 +157,7 @@ class CordonStore:
             close = difflib.get_close_matches(device, known, n=3, cutoff=0.5)
             hint = f"; did you mean {', '.join(close)}?" if close else f"; known devices: {', '.join(known) or 'none'}"
             raise UnknownDevice(f"unknown device {device!r}{hint}")
-        new = Cordon(device=device, reason=reason, by=by, since=_now())
+        new = Cordon(device=device, reason=reason, by=by, since=rfc3339())
         with self._locked():
             cordons = self._read()
             cordons[device] = new

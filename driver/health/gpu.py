@@ -17,7 +17,11 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
 
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
-errors no event reported (e.g. a lost event), to all devices of the GPU.
+errors no event reported (e.g. a lost event), to all devices of the GPU (`gpu_memory`).
+
+What the observations mean is `gpu_policy`; the NVML event set and registration `nvml_events`;
+what the probe reads of a GPU's memory `gpu_memory`. This module is the thread that ties them to
+NVML and the inventory.
 
 Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
 monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
@@ -25,21 +29,25 @@ monitor leaves its last conditions in the inventory: they describe the hardware 
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import ctypes
-import importlib
 import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.discovery.gpu import preload_nvml
+from driver.discovery.nvml import (
+    ERROR_NOT_SUPPORTED,
+    ERROR_TIMEOUT,
+    REINIT_ERRORS,
+    NvmlUnavailable,
+    init_nvml,
+)
+from driver.health import nvml_events
+from driver.health.gpu_memory import CORRECTED, UNCORRECTED, VOLATILE, EccLedger, memory_conditions
 from driver.health.gpu_policy import (
     NO_INSTANCE,
     EventRate,
@@ -49,32 +57,22 @@ from driver.health.gpu_policy import (
     event_targets,
     index_gpus,
 )
+from driver.health.nvml_events import (
+    DOUBLE_BIT,
+    EVENT_NAMES,
+    LOST_ERRORS,
+    SINGLE_BIT,
+    XID,
+    NvmlGone,
+    Session,
+    handle_key,
+)
 from driver.inventory import Inventory
 from driver.model import Condition
 
 log = logging.getLogger(__name__)
 
-# NVML values (stable ABI; the same in nvidia-ml-py and the simulation's fake).
-_NOT_SUPPORTED = 3
-_NOT_FOUND = 6
-_TIMEOUT = 10
-_GPU_IS_LOST = 15
-_GPU_NOT_FOUND = 28
-_LOST = frozenset({_GPU_IS_LOST, _NOT_FOUND, _GPU_NOT_FOUND})
-# NVML as a whole is gone (driver unloaded, library mismatch): start over with a new nvmlInit.
-_REINIT = frozenset({1, 9, 12, 18})  # UNINITIALIZED, DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, LIB_RM_VERSION_MISMATCH
-
-_SINGLE_BIT = 0x1  # nvmlEventTypeSingleBitEccError
-_DOUBLE_BIT = 0x2  # nvmlEventTypeDoubleBitEccError
-_XID = 0x8  # nvmlEventTypeXidCriticalError
-_WANTED_EVENTS = _XID | _DOUBLE_BIT | _SINGLE_BIT
-_EVENT_NAMES = {_XID: "xid", _DOUBLE_BIT: "double_bit_ecc", _SINGLE_BIT: "single_bit_ecc"}
-
 INIT_BACKOFF = Backoff(initial=1.0, maximum=60.0)  # between nvmlInit attempts while NVML is unavailable
-
-_CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
-_UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
-_VOLATILE = 0  # NVML_VOLATILE_ECC
 
 
 @dataclass
@@ -88,37 +86,6 @@ class GpuHealthCounters:
     probes: int = 0
     errors: int = 0  # NVML failures of any kind (init, wait, probe, registration)
     nvml_inits: int = 0
-
-
-class _Reinit(Exception):
-    """NVML itself went away; the session must be closed and NVML initialised again."""
-
-
-@dataclass
-class _Ecc:
-    """One GPU's volatile ECC counter as last read, and errors events reported since."""
-
-    last: int | None = None
-    by_events: int = 0
-
-
-@dataclass
-class _Session:
-    """Everything that lives between one nvmlInit and its nvmlShutdown."""
-
-    nvml: ModuleType
-    event_set: Any = None
-    registered: dict[str, Any] = field(default_factory=dict)  # GPU UUID -> handle
-    handle_uuids: dict[Any, str] = field(default_factory=dict)  # handle key -> GPU UUID
-    unmonitored: dict[str, str] = field(default_factory=dict)  # GPU UUID -> why not
-
-
-def _handle_key(handle: Any) -> Any:
-    """A hashable identity for an NVML device handle: the pointer's address for the real binding."""
-    try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except (ctypes.ArgumentError, TypeError):
-        return handle
 
 
 class GpuHealthMonitor:
@@ -143,7 +110,7 @@ class GpuHealthMonitor:
         self.clock = clock
         self.init_backoff = init_backoff
         self._state = HealthState(policy)
-        self._ecc: dict[tuple[str, int], _Ecc] = {}  # (GPU UUID, error type) -> counter state
+        self._ecc = EccLedger()
         self._sbe_rate: dict[str, EventRate] = {}
         self._counters = GpuHealthCounters()
         self._counters_lock = threading.Lock()
@@ -206,7 +173,7 @@ class GpuHealthMonitor:
                 probes_before = self._counters.probes
             try:
                 self._loop(session)
-            except _Reinit as e:
+            except NvmlGone as e:
                 log.warning("NVML went away (%s); initialising it again", e)
                 self._count(errors=1)
                 with self._counters_lock:
@@ -219,33 +186,17 @@ class GpuHealthMonitor:
                 self._count(errors=1)
                 self._stop.wait(retry.next())
             finally:
-                self._close(session)
+                nvml_events.close(session)
 
-    def _open(self) -> _Session | None:
+    def _open(self) -> Session | None:
         try:
-            nvml = importlib.import_module("pynvml")
-        except ImportError as e:
-            self._nvml_unavailable(f"the pynvml module cannot be imported: {e}")
-            return None
-        preload_nvml(self.driver_root)
-        try:
-            nvml.nvmlInit()
-        except nvml.NVMLError as e:
-            self._nvml_unavailable(f"nvmlInit failed: {e}")
+            nvml = init_nvml(self.driver_root)
+        except NvmlUnavailable as e:
+            self._nvml_unavailable(e.reason)
             return None
         self._count(nvml_inits=1)
         self._probe_requested.set()
-        return _Session(nvml)
-
-    def _close(self, s: _Session) -> None:
-        nvml = s.nvml
-        if s.event_set is not None:
-            with contextlib.suppress(nvml.NVMLError):
-                nvml.nvmlEventSetFree(s.event_set)
-        try:
-            nvml.nvmlShutdown()
-        except nvml.NVMLError as e:
-            log.warning("nvmlShutdown failed: %s", e)
+        return Session(nvml)
 
     def _nvml_unavailable(self, reason: str) -> None:
         log.warning("GPU health: NVML unavailable (%s); retrying", reason)
@@ -257,7 +208,7 @@ class GpuHealthMonitor:
                     changed.add(d)
         self._publish(changed)
 
-    def _loop(self, s: _Session) -> None:
+    def _loop(self, s: Session) -> None:
         next_probe = self.clock()
         wait_error = Retry(Backoff(initial=0.05, maximum=max(self.wait_timeout_ms / 1000, 0.05)))
         while not self._stop.is_set():
@@ -275,11 +226,11 @@ class GpuHealthMonitor:
             try:
                 data = s.nvml.nvmlEventSetWait_v2(s.event_set, self.wait_timeout_ms)
             except s.nvml.NVMLError as e:
-                if e.value == _TIMEOUT:
+                if e.value == ERROR_TIMEOUT:
                     wait_error.reset()
                     continue
-                if e.value in _REINIT:
-                    raise _Reinit(str(e)) from e
+                if e.value in REINIT_ERRORS:
+                    raise NvmlGone(str(e)) from e
                 # GPU_IS_LOST: a GPU in the set is off the bus; the probe finds which and rebuilds.
                 log.warning("waiting for NVML events failed: %s; probing the GPUs", e)
                 self._count(errors=1)
@@ -291,15 +242,15 @@ class GpuHealthMonitor:
 
     # --- events ----------------------------------------------------------------------------------
 
-    def _on_event(self, s: _Session, data: Any) -> None:
+    def _on_event(self, s: Session, data: Any) -> None:
         etype, edata = int(data.eventType), int(data.eventData)
         gi, ci = int(getattr(data, "gpuInstanceId", NO_INSTANCE)), int(getattr(data, "computeInstanceId", NO_INSTANCE))
-        name = _EVENT_NAMES.get(etype, f"0x{etype:x}")
+        name = EVENT_NAMES.get(etype, f"0x{etype:x}")
         with self._counters_lock:
             self._counters.events[name] = self._counters.events.get(name, 0) + 1
-            if etype == _XID:
+            if etype == XID:
                 self._counters.xids[edata] = self._counters.xids.get(edata, 0) + 1
-        uuid = s.handle_uuids.get(_handle_key(data.device))
+        uuid = s.handle_uuids.get(handle_key(data.device))
         if uuid is None:
             try:
                 uuid = str(s.nvml.nvmlDeviceGetUUID(data.device))
@@ -315,7 +266,7 @@ class GpuHealthMonitor:
         targets = event_targets(gpu, gi, ci)
         now = self.clock()
         changed: set[str] = set()
-        if etype == _XID:
+        if etype == XID:
             cond = self.policy.xid(edata)
             log.log(
                 logging.INFO if self.policy.is_informational_xid(edata) else logging.WARNING,
@@ -326,13 +277,13 @@ class GpuHealthMonitor:
                 cond.message,
             )
             changed |= self._observe(targets, cond, now)
-        elif etype == _DOUBLE_BIT:
+        elif etype == DOUBLE_BIT:
             self._count(double_bit_ecc=1)
-            self._ecc_track(uuid, _UNCORRECTED).by_events += 1
+            self._ecc.reported(uuid, UNCORRECTED)
             changed |= self._observe(targets, self.policy.double_bit_ecc(), now)
-        elif etype == _SINGLE_BIT:
+        elif etype == SINGLE_BIT:
             self._count(single_bit_ecc=1)
-            self._ecc_track(uuid, _CORRECTED).by_events += 1
+            self._ecc.reported(uuid, CORRECTED)
             changed |= self._single_bits(gpu, 1, now)
         self._publish(changed)
 
@@ -346,12 +297,9 @@ class GpuHealthMonitor:
             return set()
         return self._observe(gpu.devices, self.policy.single_bit_ecc_rate(total), now)
 
-    def _ecc_track(self, uuid: str, kind: int) -> _Ecc:
-        return self._ecc.setdefault((uuid, kind), _Ecc())
-
     # --- the probe -------------------------------------------------------------------------------
 
-    def _probe(self, s: _Session) -> None:
+    def _probe(self, s: Session) -> None:
         with self._probe_cond:
             self._probe_seq += 1
             seq = self._probe_seq
@@ -363,7 +311,7 @@ class GpuHealthMonitor:
                 self._probe_done = seq
                 self._probe_cond.notify_all()
 
-    def _probe_gpus(self, s: _Session) -> None:
+    def _probe_gpus(self, s: Session) -> None:
         gpus = index_gpus(self.inventory.devices())
         self._known_gpus = frozenset(gpus)
         self._forget_gone(gpus)
@@ -373,12 +321,12 @@ class GpuHealthMonitor:
             try:
                 found[uuid], handle = self._probe_gpu(s, gpu)
             except s.nvml.NVMLError as e:
-                if e.value in _REINIT:
-                    raise _Reinit(str(e)) from e
+                if e.value in REINIT_ERRORS:
+                    raise NvmlGone(str(e)) from e
                 raise
             if handle is not None:
                 answering[uuid] = handle
-        self._register(s, answering)
+        nvml_events.register(s, answering, lambda: self._count(errors=1))
         changed = set()
         for uuid, gpu in gpus.items():
             conds = list(found[uuid])
@@ -387,27 +335,27 @@ class GpuHealthMonitor:
             changed |= {d for d in gpu.devices if self._state.set_hard(d, conds)}
         self._publish(changed)
 
-    def _probe_gpu(self, s: _Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:
+    def _probe_gpu(self, s: Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:
         """The GPU's hard conditions now, and its handle if it answers."""
         nvml, uuid = s.nvml, gpu.uuid
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
         except nvml.NVMLError as e:
             self._count(errors=1)
-            if e.value in _LOST:
+            if e.value in LOST_ERRORS:
                 return [self.policy.gpu_lost(f"nvmlDeviceGetHandleByUUID: {e}")], None
-            if e.value in _REINIT:
+            if e.value in REINIT_ERRORS:
                 raise
             return [self.policy.nvml_error(f"nvmlDeviceGetHandleByUUID: {e}")], None
         failures: list[str] = []
         conds: list[Condition] = []
         now = self.clock()
         try:
-            for kind in (_CORRECTED, _UNCORRECTED):
+            for kind in (CORRECTED, UNCORRECTED):
                 self._probe_ecc(s, gpu, handle, kind, now, failures)
-            self._probe_memory(s, handle, conds, failures)
+            memory_conditions(nvml, handle, self.policy, conds, failures)
         except nvml.NVMLError as e:
-            if e.value not in _LOST:
+            if e.value not in LOST_ERRORS:
                 raise
             self._count(errors=1)
             return [self.policy.gpu_lost(str(e))], None
@@ -416,110 +364,27 @@ class GpuHealthMonitor:
             conds.append(self.policy.nvml_error("; ".join(failures)))
         return conds, handle
 
-    def _probe_ecc(self, s: _Session, gpu: GpuDevices, handle: Any, kind: int, now: float, failures: list[str]) -> None:
-        nvml, track = s.nvml, self._ecc_track(gpu.uuid, kind)
+    def _probe_ecc(self, s: Session, gpu: GpuDevices, handle: Any, kind: int, now: float, failures: list[str]) -> None:
+        nvml = s.nvml
         try:
-            total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, _VOLATILE))
+            total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, VOLATILE))
         except nvml.NVMLError as e:
-            if e.value in _LOST or e.value in _REINIT:
+            if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
                 raise
-            track.last, track.by_events = None, 0
-            if e.value != _NOT_SUPPORTED:
+            self._ecc.unreadable(gpu.uuid, kind)
+            if e.value != ERROR_NOT_SUPPORTED:
                 failures.append(f"nvmlDeviceGetTotalEccErrors: {e}")
             return
-        if track.last is None or total < track.last:  # first reading, or the driver reloaded
-            track.last, track.by_events = total, 0
-            return
-        delta, track.last = total - track.last, total
-        unreported = max(delta - track.by_events, 0)
-        track.by_events = max(track.by_events - delta, 0)
+        unreported = self._ecc.unreported(gpu.uuid, kind, total)
         if not unreported:
             return
-        if kind == _UNCORRECTED:
+        if kind == UNCORRECTED:
             self._count(double_bit_ecc=unreported)
             log.warning("GPU %s: %d double-bit ECC error(s) without an event", gpu.uuid, unreported)
             self._publish(self._observe(gpu.devices, self.policy.double_bit_ecc(unreported), now))
         else:
             self._count(single_bit_ecc=unreported)
             self._publish(self._single_bits(gpu, unreported, now))
-
-    def _probe_memory(self, s: _Session, handle: Any, conds: list[Condition], failures: list[str]) -> None:
-        """Row remapping (Ampere and later), else page retirement: what waits for a GPU reset."""
-        nvml = s.nvml
-        try:
-            corrected, uncorrected, pending, failed = nvml.nvmlDeviceGetRemappedRows(handle)
-        except nvml.NVMLError as e:
-            if e.value in _LOST or e.value in _REINIT:
-                raise
-            if e.value != _NOT_SUPPORTED:
-                failures.append(f"nvmlDeviceGetRemappedRows: {e}")
-                return
-        else:
-            rows = f"{int(corrected)} correctable and {int(uncorrected)} uncorrectable row(s) remapped"
-            if int(pending):
-                conds.append(self.policy.row_remap_pending(f"a row remapping is pending ({rows})"))
-            if int(failed):
-                conds.append(self.policy.row_remap_failed(f"a row remapping failed ({rows})"))
-            return
-        try:
-            pending = nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
-        except nvml.NVMLError as e:
-            if e.value in _LOST or e.value in _REINIT:
-                raise
-            if e.value != _NOT_SUPPORTED:
-                failures.append(f"nvmlDeviceGetRetiredPagesPendingStatus: {e}")
-            return
-        if int(pending):
-            conds.append(self.policy.row_remap_pending("a page retirement is pending"))
-
-    def _register(self, s: _Session, answering: dict[str, Any]) -> None:
-        """Watch every answering GPU; start a new event set when a watched one stopped answering.
-
-        NVML cannot unregister a device, and a set holding a lost GPU fails every wait, so a GPU
-        that left means a fresh set (events in between are lost; the probe still sees the state).
-        """
-        nvml = s.nvml
-        for uuid in set(s.unmonitored) - set(answering):
-            del s.unmonitored[uuid]
-        if s.event_set is not None and set(s.registered) - set(answering):
-            with contextlib.suppress(nvml.NVMLError):
-                nvml.nvmlEventSetFree(s.event_set)
-            s.event_set = None
-        if s.event_set is None:
-            s.registered.clear()
-            s.handle_uuids.clear()
-            if not answering:
-                return
-            try:
-                s.event_set = nvml.nvmlEventSetCreate()
-            except nvml.NVMLError as e:
-                if e.value in _REINIT:
-                    raise
-                self._count(errors=1)
-                for uuid in answering:
-                    s.unmonitored[uuid] = f"nvmlEventSetCreate: {e}"
-                return
-        for uuid, handle in answering.items():
-            if uuid in s.registered:
-                continue
-            try:
-                mask = int(nvml.nvmlDeviceGetSupportedEventTypes(handle)) & _WANTED_EVENTS
-                if not mask & _XID:
-                    s.unmonitored[uuid] = "the GPU does not report XID events"
-                    continue
-                nvml.nvmlDeviceRegisterEvents(handle, mask, s.event_set)
-            except nvml.NVMLError as e:
-                if e.value in _REINIT:
-                    raise
-                self._count(errors=1)
-                if s.unmonitored.get(uuid) is None:
-                    log.warning("GPU %s: cannot register for NVML events: %s", uuid, e)
-                s.unmonitored[uuid] = f"nvmlDeviceRegisterEvents: {e}"
-                continue
-            s.registered[uuid] = handle
-            s.handle_uuids[_handle_key(handle)] = uuid
-            s.unmonitored.pop(uuid, None)
-            log.info("GPU %s: watching NVML events 0x%x", uuid, mask)
 
     # --- inventory -------------------------------------------------------------------------------
 
@@ -538,8 +403,7 @@ class GpuHealthMonitor:
         for d in gone:
             self._state.forget(d)
         self._publish(gone)
-        for key in [k for k in self._ecc if k[0] not in gpus]:
-            del self._ecc[key]
+        self._ecc.keep_only(gpus)
         for uuid in set(self._sbe_rate) - set(gpus):
             del self._sbe_rate[uuid]
 

@@ -2,7 +2,7 @@
 conditions come *and go*.
 
 NVIDIA's driver taints a device on every XID and never clears it, ignores ECC events and never
-evicts (anchors.md 1.10, 8.1). Here every condition has a way back:
+evicts (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs' and 'User complaints'). Here every condition has a way back:
 
 * TRANSIENT conditions come from events (XIDs, ECC errors). Each occurrence restarts a quiet
   period; when it passes without a new occurrence the condition clears.

@@ -6,28 +6,25 @@ Signals, per NIC in the inventory:
   (or the named) network namespace, plus a re-read every `poll_period` that covers dropped events
   and links that never send one. Events are matched by ifindex once known, else by the
   inventory's `NicInfo.ifname` of the moment, so a rename between two discoveries is followed. In
-  sysfs-only mode (the simulated node) from `class/net/<if>/{operstate,carrier,flags}`.
+  sysfs-only mode (the simulated node) from sysfs (`link_sysfs`).
 * RDMA port state from sysfs, polled (sysfs has no events): `class/infiniband/<dev>/ports/<p>/state`
   not ACTIVE, or `phys_state` not LinkUp.
+
+What a state means and how long it must hold (the debounce) is `nic_signals`; this module follows
+the inventory's NICs, reads their signals and publishes the settled faults as conditions, in one
+thread ("nic-health").
 
 A NIC whose netdev is not visible (`NicInfo.present` False: moved into a pod, which the inventory
 allows only while it is allocated) is unobservable, not down: its link says nothing, and a link
 condition it had is withdrawn. Its RDMA ports are still judged while sysfs shows them (shared RDMA
 namespace mode); in exclusive mode they vanish from the host's sysfs and say nothing either.
 
-Debounce: a signal's reported fault follows its observed one only once that has held for
-`debounce` seconds, both ways. A link flapping faster than that changes nothing until it settles,
-so a flap storm costs at most a condition change or two, and the slice writes that come with them.
-A link that never settles is therefore never reported; flap-rate detection is not done here.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import logging
-import os
-import re
 import select
 import socket
 import threading
@@ -41,71 +38,16 @@ from pyroute2.netlink.exceptions import NetlinkError
 from driver.backoff import Backoff, Retry
 from driver.discovery import netlink
 from driver.discovery.netlink import LinkEvent, LinkState
+from driver.health.link_sysfs import LinkSysfs
+from driver.health.nic_signals import LINK_DOWN, RDMA_PORT_DOWN, Debounced, Fault, link_fault
 from driver.inventory import Inventory
 from driver.model import Condition, DeviceKind, NicInfo, TaintEffect
+from driver.resource_api import rfc3339
+from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
-LINK_DOWN = "link-down"
-RDMA_PORT_DOWN = "rdma-port-down"
-BAD_OPERSTATES = frozenset({"down", "lowerlayerdown", "notpresent"})
-GOOD_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
-GOOD_PHYS_STATES = frozenset({"LinkUp"})
-MAX_VALUE = 63
-
 DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=30.0)
-
-_PORT_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S(?:.*\S)?)\s*$")
-_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """What is wrong with one signal: `value` for the taint, `reason` in words for the message."""
-
-    value: str
-    reason: str
-
-
-def _label(text: str) -> str:
-    """A taint value: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
-    return _NOT_LABEL.sub("-", text)[:MAX_VALUE].strip("-_.")
-
-
-def _rfc3339(wall: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(wall))
-
-
-class Debounced:
-    """One signal whose reported fault follows the observed one only after it has held for
-    `debounce` seconds. Pure: time comes in as arguments, so a test drives it with numbers."""
-
-    def __init__(self, debounce: float, now: float) -> None:
-        self.debounce = debounce
-        self.observed: Fault | None = None
-        self.observed_since = now
-        self.reported: Fault | None = None
-        self.reported_since_wall = 0.0  # wall time the reported fault began
-
-    def observe(self, fault: Fault | None, now: float) -> bool:
-        """Records what the signal says now; True when that is a change (a transition)."""
-        if fault == self.observed:
-            return False
-        self.observed, self.observed_since = fault, now
-        return True
-
-    def due(self) -> float | None:
-        """When `settle` would change the reported fault if nothing is observed until then."""
-        return None if self.observed == self.reported else self.observed_since + self.debounce
-
-    def settle(self, now: float, wall: float) -> bool:
-        """Reports the observed fault if it has held long enough; True when the report changed."""
-        due = self.due()
-        if due is None or now < due:
-            return False
-        self.reported = self.observed
-        self.reported_since_wall = wall - (now - self.observed_since)
-        return True
 
 
 @dataclass(frozen=True)
@@ -130,26 +72,6 @@ class _Watched:
     ifindex: int = 0
     ports: dict[int, Debounced] = field(default_factory=dict)
     published: frozenset[Condition] = frozenset()
-
-
-def link_fault(state: LinkState) -> Fault | None:
-    """Why a link cannot pass traffic, most specific reason first; None when it can."""
-    if not state.admin_up:
-        return Fault("admin-down", "administratively down")
-    if not state.carrier:
-        return Fault("carrier", "no carrier")
-    if state.operstate in BAD_OPERSTATES:
-        return Fault(_label(f"operstate-{state.operstate}"), f"operstate {state.operstate}")
-    return None
-
-
-def port_fault(port: int, state: str, phys_state: str | None) -> Fault | None:
-    """Why an RDMA port is not usable, from the names in its `state` and `phys_state` files."""
-    if state not in GOOD_PORT_STATES:
-        return Fault(_label(f"port{port}-{state.lower()}"), f"RDMA port {port} is {state}")
-    if phys_state is not None and phys_state not in GOOD_PHYS_STATES:
-        return Fault(_label(f"port{port}-phys-{phys_state.lower()}"), f"RDMA port {port} physical state {phys_state}")
-    return None
 
 
 class NicHealthMonitor:
@@ -202,12 +124,11 @@ class NicHealthMonitor:
 
         self._lock = threading.RLock()
         self._watched: dict[str, _Watched] = {}
-        self._warned: set[str] = set()
+        self._sysfs = LinkSysfs(self.sysfs_root, self._count_error)
         self._retry = Retry(backoff)
         self._sock: socket.socket | None = None
         self._reopen_at: float | None = None
-        self._wake_lock = threading.Lock()
-        self._wake_r, self._wake_w = -1, -1
+        self._wakeup: WakePipe | None = None
         self._inventory_changed = True
         self._resync = True  # a watched NIC appeared or changed since the last full read
         self._stopping = threading.Event()
@@ -218,9 +139,7 @@ class NicHealthMonitor:
     def start(self) -> None:
         """Subscribes before returning, so a link change after start() is never missed; a
         subscription that fails is logged and retried by the thread."""
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wakeup = WakePipe()
         self.inventory.subscribe(self._on_inventory_change)
         if self.use_netlink:
             self._open_socket(self.clock())
@@ -233,11 +152,8 @@ class NicHealthMonitor:
         if self._thread is not None:
             self._thread.join(timeout)
         self._close_socket()
-        with self._wake_lock:
-            fds, (self._wake_r, self._wake_w) = (self._wake_r, self._wake_w), (-1, -1)
-        for fd in fds:
-            if fd >= 0:
-                os.close(fd)
+        if self._wakeup is not None:
+            self._wakeup.close()
 
     def counters(self) -> dict[str, int]:
         return {
@@ -273,14 +189,13 @@ class NicHealthMonitor:
         netdev may have been renamed since); None (links keep their last state) when netlink
         cannot be read."""
         if not self.use_netlink:
-            return {w.nic.ifname: s for w in watched if (s := self._sysfs_link(w.nic.ifname)) is not None}
+            return {w.nic.ifname: s for w in watched if (s := self._sysfs.link(w.nic.ifname)) is not None}
         try:
             indexes = {w.nic.ifname: w.ifindex for w in watched if w.ifindex}
             return netlink.read_link_states([w.nic.ifname for w in watched], self.netns, indexes)
         except (OSError, NetlinkError) as e:
             self.errors += 1
-            where = f"network namespace {self.netns!r}" if self.netns else "the driver's network namespace"
-            log.error("cannot read link state of %s: %s; keeping the last known", where, e)
+            log.error("cannot read link state of %s: %s; keeping the last known", netlink.namespace_name(self.netns), e)
             return None
 
     def observe_events(self, events: Iterable[LinkEvent]) -> None:
@@ -319,10 +234,11 @@ class NicHealthMonitor:
         self._wake()
 
     def _wake(self) -> None:
-        with self._wake_lock:
-            if self._wake_w >= 0:
-                with contextlib.suppress(BlockingIOError):  # a full pipe already says "wake up"
-                    os.write(self._wake_w, b"w")
+        if self._wakeup is not None:
+            self._wakeup.wake()
+
+    def _count_error(self) -> None:
+        self.errors += 1
 
     def _refresh(self) -> None:
         """Follows the inventory's NICs; one that appeared or changed asks for a full read, one
@@ -366,7 +282,7 @@ class NicHealthMonitor:
                 w.link_ifname = state.name or w.nic.ifname
 
     def _observe_ports(self, w: _Watched, now: float) -> None:
-        ports = self._sysfs_ports(w.nic.rdma_device) if w.nic.rdma_device else {}
+        ports = self._sysfs.ports(w.nic.rdma_device) if w.nic.rdma_device else {}
         for port in w.ports.keys() - ports.keys():
             del w.ports[port]
         for port, fault in ports.items():
@@ -388,7 +304,7 @@ class NicHealthMonitor:
         return frozenset(out)
 
     def _condition(self, key: str, fault: Fault, message: str, since: float) -> Condition:
-        return Condition(key, self.effects[key], fault.value, f"{message} since {_rfc3339(since)}", unhealthy=True)
+        return Condition(key, self.effects[key], fault.value, f"{message} since {rfc3339(since)}", unhealthy=True)
 
     def _publish(self, now: float) -> None:
         wall = self.wall_clock()
@@ -412,72 +328,6 @@ class NicHealthMonitor:
         dues = [t for w in self._watched.values() for d in self._signals(w) if (t := d.due()) is not None]
         return min(dues, default=None)
 
-    # ----------------------------------------------------------------------------- sysfs
-
-    def _warn_once(self, key: str, message: str, *args: object) -> None:
-        self.errors += 1
-        if key not in self._warned:
-            self._warned.add(key)
-            log.warning(message, *args)
-
-    def _read(self, path: Path) -> str | None:
-        """Contents of a sysfs file; None when it is absent or unreadable (EINVAL: `carrier` of a
-        link that is administratively down)."""
-        try:
-            return path.read_text().strip()
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                self._warn_once(str(path), "cannot read %s: %s", path, e)
-            return None
-
-    def _sysfs_link(self, ifname: str) -> LinkState | None:
-        """A netdev's state from sysfs (the simulated node); None when there is no such netdev."""
-        net = self.sysfs_root / "class/net" / ifname
-        operstate = self._read(net / "operstate")
-        if operstate is None:
-            return None
-        try:
-            flags = int(self._read(net / "flags") or "0x1", 0)
-            index = int(self._read(net / "ifindex") or "0")
-            carrier_text = self._read(net / "carrier")
-            carrier = int(carrier_text) == 1 if carrier_text is not None else None
-        except ValueError as e:
-            self._warn_once(str(net), "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
-            return None
-        admin_up = bool(flags & netlink.IFF_UP)
-        if carrier is None:  # the kernel refuses to say while the link is administratively down
-            carrier = False if not admin_up else operstate.lower() not in BAD_OPERSTATES
-        return LinkState(index, ifname, operstate.lower(), admin_up, carrier)
-
-    def _sysfs_ports(self, rdma_device: str) -> dict[int, Fault | None]:
-        """Each readable port of an RDMA device with its fault; ports sysfs does not show, or
-        shows in a form we cannot read, are left out (unobservable)."""
-        out: dict[int, Fault | None] = {}
-        for port_dir in sorted((self.sysfs_root / "class/infiniband" / rdma_device / "ports").glob("*")):
-            if not port_dir.name.isdigit():
-                continue
-            port = int(port_dir.name)
-            state = self._port_state(port_dir / "state")
-            if state is None:
-                continue
-            phys_text = self._read(port_dir / "phys_state")
-            phys = self._port_state(port_dir / "phys_state") if phys_text is not None else None
-            out[port] = port_fault(port, state, phys)
-        return out
-
-    def _port_state(self, path: Path) -> str | None:
-        """`4: ACTIVE` -> `ACTIVE`; None (and a warning, once) for a file in another form."""
-        text = self._read(path)
-        if text is None:
-            return None
-        m = _PORT_STATE.match(text)
-        if m is None:
-            self._warn_once(str(path), "%s: not a port state (%r), not judged", path, text[:40])
-            return None
-        return m.group(2)
-
     # ----------------------------------------------------------------------------- thread
 
     def _open_socket(self, now: float) -> None:
@@ -486,7 +336,7 @@ class NicHealthMonitor:
         except OSError as e:
             self.errors += 1
             delay = self._retry.next()
-            where = f"network namespace {self.netns!r}" if self.netns else "the driver's network namespace"
+            where = netlink.namespace_name(self.netns)
             log.error("cannot subscribe to link events of %s: %s; retrying in %.1fs", where, e, delay)
             self._reopen_at = now + delay
             return
@@ -518,11 +368,6 @@ class NicHealthMonitor:
                 return events, True
             events.extend(netlink.parse_link_events(data))
 
-    def _drain_wake(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            while os.read(self._wake_r, 4096):
-                pass
-
     def _run(self) -> None:
         next_poll = self.clock()  # the first round reads everything at once
         failures = Retry(self._retry.policy)
@@ -545,13 +390,14 @@ class NicHealthMonitor:
         deadlines = [next_poll] + ([due] if due is not None else [])
         if self._reopen_at is not None:
             deadlines.append(self._reopen_at)
-        readers: list[int | socket.socket] = [self._wake_r] + ([self._sock] if self._sock is not None else [])
+        assert self._wakeup is not None  # start() made it before starting this thread
+        readers: list[WakePipe | socket.socket] = [self._wakeup] + ([self._sock] if self._sock is not None else [])
         ready, _, _ = select.select(readers, [], [], max(0.0, min(deadlines) - now))
         if self._stopping.is_set():
             return next_poll
         now = self.clock()
-        if self._wake_r in ready:
-            self._drain_wake()
+        if self._wakeup in ready:
+            self._wakeup.drain()
         if self._sock is not None and self._sock in ready:
             events, dropped = self._drain_socket(self._sock, now)
             self._resync = self._resync or dropped

@@ -1,6 +1,6 @@
 """The kubelet's DRAResourceHealth stream (v1 and v1alpha1), fed from the inventory.
 
-Contract (kubelet-contract.md §1.5, §5, §11): every message is the *complete* list of the
+Contract (docs/reference/kubelet-plugin.md, 'Health service' and 'Kubelet restarts'): every message is the *complete* list of the
 driver's devices with their health; it is sent at once when the kubelet opens the stream, on
 every change, and periodically. The kubelet shows a device as Unknown once its
 `last_updated_time` is older than the health timeout (the device's
@@ -37,7 +37,7 @@ from driver.model import Device, Health
 
 log = logging.getLogger(__name__)
 
-# What GetInfo advertises for health, after the DRAPlugin strings (kubelet-contract.md §1.6).
+# What GetInfo advertises for health, after the DRAPlugin strings (docs/reference/kubelet-plugin.md, 'Supported versions').
 HEALTH_SERVICES = ["v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
 
 MESSAGE_LIMIT = 1024  # the kubelet truncates longer messages itself; we do it the same way

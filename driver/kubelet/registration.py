@@ -2,7 +2,7 @@
 
 The kubelet discovers plugins by watching its registry directory, calls GetInfo on each socket
 and connects to the DRA endpoint it names. During a rolling update two instances of the driver
-run on one node, so each needs socket names of its own (kubelet-contract.md §2.4).
+run on one node, so each needs socket names of its own (docs/reference/kubelet-plugin.md, 'Rolling-update names').
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ constants and error classes (one `NVMLError_*` subclass per `NVML_ERROR_*` code,
 `nvmlInit`/`nvmlShutdown`, and `nvmlDeviceIsMigDeviceHandle` returning a `c_uint` object.
 
 State: the JSON file named by `TANDEM_SIM_NVML_STATE` (a `NodeProfile` as written by
-`driver.sim.nvml.write_state`), read at `nvmlInit` and re-read by any later call when the file
+`sim.nvml.write_state`), read at `nvmlInit` and re-read by any later call when the file
 changes, so a test can hot-plug a GPU, switch MIG, mark a GPU lost or inject an error by
 rewriting it. No variable, no file, or `{"driver_loaded": false}` means the kernel driver is not
 loaded (`nvmlInit` raises `NVMLError_DriverNotLoaded`).
@@ -23,7 +23,7 @@ call on the GPU raise `NVML_ERROR_GPU_IS_LOST`.
 
 Events: `<state file>.events` holds one JSON object per line
 (`{"uuid": ..., "event_type": ..., "event_data": ..., "gi": ..., "ci": ...}`), appended by
-`driver.sim.nvml.append_event`. An event set sees the lines appended after its creation for the
+`sim.nvml.append_event`. An event set sees the lines appended after its creation for the
 devices registered on it; `nvmlEventSetWait_v2` polls the file until one arrives or the timeout,
 and fails with `NVML_ERROR_GPU_IS_LOST` while a GPU registered on the set is lost. ECC events
 count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC events of that type

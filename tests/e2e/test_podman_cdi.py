@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.profile import h100_node
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.profile import h100_node
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: podman with runc, mknod, /var/run/cdi")
 
@@ -50,7 +50,7 @@ def _ensure_runtime() -> None:
 
 @pytest.fixture(scope="module")
 def image(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """A busybox image made with `podman import`, as cdi.md describes: no registry is needed."""
+    """A busybox image made with `podman import`, as docs/reference/cdi.md describes ('Older runtimes'): no registry is needed."""
     _ensure_runtime()
     root = tmp_path_factory.mktemp("rootfs")
     for d in ("bin", "dev", "proc", "sys", "etc", "tmp", "usr/bin", "usr/lib/x86_64-linux-gnu"):

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from driver.sim.nics import render_nic
-from driver.sim.profile import NicSpec
+from sim.nics import render_nic
+from sim.profile import NicSpec
 
 
 def make_netns(request: pytest.FixtureRequest, tag: str) -> str:

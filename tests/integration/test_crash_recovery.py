@@ -17,9 +17,9 @@ import threading
 import pytest
 from waiting import poll
 
-from driver.demo import DRIVER
-from driver.sim.kubelet import ClaimRef, KubeletSim, KubeletSimError
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from demo.node import DRIVER
+from sim.kubelet import ClaimRef, KubeletSim, KubeletSimError
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from waiting import poll
 
-from driver.demo import DRIVER
+from demo.node import DRIVER
 from driver.kubelet.registration import registration_socket_path
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")

@@ -16,11 +16,11 @@ import urllib.request
 import pytest
 from waiting import poll
 
-from driver.demo import DRIVER
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.nvml import append_event
-from driver.sim.profile import h100_node
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from demo.node import DRIVER
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.nvml import append_event
+from sim.profile import h100_node
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 XID_EVENT = 0x8  # nvmlEventTypeXidCriticalError
 

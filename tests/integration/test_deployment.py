@@ -17,19 +17,20 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+from waiting import poll
 
+from demo.node import DRIVER, SimNode
 from driver.cli import ctl_main
-from driver.demo import DRIVER, SimNode
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
-from driver.sim.apiserver import RequestRecord, SimApiServer
-from driver.sim.kubelet import ClaimRef, KubeletSim, PreparedClaimResult
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from sim.apiserver import RequestRecord, SimApiServer
+from sim.kubelet import ClaimRef, KubeletSim, PreparedClaimResult
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
@@ -44,15 +45,6 @@ OLD_POD = "aaaaaaaa-0000-4000-8000-00000000000a"
 NEW_POD = "bbbbbbbb-0000-4000-8000-00000000000b"
 
 
-def _poll(predicate: Callable[[], object], timeout: float = 30) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return bool(predicate())
-
-
 def _register(kubelet: KubeletSim, sock: Path) -> None:
     """Register as soon as the daemon answers on `sock` (it may not be listening yet)."""
 
@@ -63,11 +55,11 @@ def _register(kubelet: KubeletSim, sock: Path) -> None:
             return False
         return True
 
-    assert _poll(attempt, 60), f"no registration on {sock}"
+    assert poll(attempt, 60), f"no registration on {sock}"
 
 
 def _wait_published(srv: SimApiServer, node: SimNode, count: int = DEVICES) -> None:
-    assert _poll(lambda: len(published_devices(srv, DRIVER, node.profile.name)) >= count, 60)
+    assert poll(lambda: len(published_devices(srv, DRIVER, node.profile.name)) >= count, 60)
 
 
 def _slices(srv: SimApiServer, node: SimNode) -> list[dict[str, Any]]:
@@ -180,7 +172,7 @@ class ApiCall:
 # The real API server (DRAResourceClaimGranularStatusAuthorization, on by default since 1.36)
 # checks every write of status.devices a second time, against the synthetic subresource
 # `resourceclaims/driver` named by the driver, with the verb prefixed `associated-node:` for a
-# caller whose node-bound token is on the claim's node (resource-api.md §4.5, §8). The simulator
+# caller whose node-bound token is on the claim's node (docs/reference/resource-api.md, 'Writing claim status' and 'Authorization'). The simulator
 # does not model that check, so it is derived here from each observed status write.
 _STATUS_WRITE_VERBS = ("patch", "update")
 
@@ -257,16 +249,16 @@ def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, sta
     # Someone deletes the slice: the publisher creates it again.
     (live,) = _slices(apiserver, node)
     apiserver.delete("resourceslices", live["metadata"]["name"])
-    assert _poll(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) == DEVICES)
+    assert poll(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) == DEVICES)
     # A stray slice in the pool (another incarnation's leftover): the publisher deletes it.
     (live,) = _slices(apiserver, node)
     stray = {**live, "metadata": {"generateName": "stray-", "ownerReferences": live["metadata"]["ownerReferences"]}}
     stray_name = apiserver.create(stray)["metadata"]["name"]
-    assert _poll(lambda: stray_name not in {s["metadata"]["name"] for s in _slices(apiserver, node)})
+    assert poll(lambda: stray_name not in {s["metadata"]["name"] for s in _slices(apiserver, node)})
     # A device health change (a manual cordon) rewrites the slice with a taint.
     rc, out = _ctl(node, "cordon", "gpu-0", "--reason", "rbac test")
     assert rc == 0, out
-    assert _poll(
+    assert poll(
         lambda: any(
             d["name"] == "gpu-0" and d.get("taints") for d in published_devices(apiserver, DRIVER, node.profile.name)
         )
@@ -433,7 +425,7 @@ def test_kubelet_restart_registers_again_and_its_slice_wipe_is_repaired(apiserve
         wipe = time.monotonic()
         for name in before:
             apiserver.delete("resourceslices", name)
-        assert _poll(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) == DEVICES, 10), (
+        assert poll(lambda: len(published_devices(apiserver, DRIVER, node.profile.name)) == DEVICES, 10), (
             f"not published again after the wipe; requests since:\n{_describe(_slice_writes(apiserver, wipe))}"
         )
         assert {s["metadata"]["name"] for s in _slices(apiserver, node)}.isdisjoint(before)

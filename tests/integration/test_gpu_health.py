@@ -18,9 +18,9 @@ from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.inventory import Inventory
 from driver.model import Health, TaintEffect
-from driver.sim import nvml as sim_nvml
-from driver.sim.profile import NodeProfile, a100_mig_node, h100_node
-from driver.sim.sysfs import render_node
+from sim import nvml as sim_nvml
+from sim.profile import NodeProfile, a100_mig_node, h100_node
+from sim.sysfs import render_node
 
 XID = 0x8  # nvmlEventTypeXidCriticalError
 DBE = 0x2  # nvmlEventTypeDoubleBitEccError

@@ -10,9 +10,9 @@ from pathlib import Path
 import kubernetes_validate
 import yaml
 
-from driver.sim.nvml import env_for, write_state
-from driver.sim.profile import h100_node
-from driver.sim.sysfs import render_node
+from sim.nvml import env_for, write_state
+from sim.profile import h100_node
+from sim.sysfs import render_node
 
 REPO = Path(__file__).resolve().parents[2]
 

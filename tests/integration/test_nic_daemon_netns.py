@@ -15,10 +15,10 @@ import pytest
 from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth
 from waiting import poll
 
-from driver.demo import DRIVER
-from driver.sim.kubelet import ClaimRef, KubeletSim
-from driver.sim.profile import NodeProfile
-from driver.sim.scheduler import Request, allocate, attribute, claim_object, published_devices
+from demo.node import DRIVER
+from sim.kubelet import ClaimRef, KubeletSim
+from sim.profile import NodeProfile
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 DEVICE = "pci-0000-8a-00-0"
 

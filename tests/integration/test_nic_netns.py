@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 from nic_fixtures import SysfsFixture, ip, ip_batch, make_netns, nic_spec, veth, wait_for
 
-from driver.discovery.nic import ABSENT_STATE, MAX_ATTRIBUTES, MAX_VALUES, NicDiscovery, NicWatcher
+from driver.discovery.nic import ABSENT_STATE, NicDiscovery
+from driver.discovery.nic_watcher import NicWatcher
 from driver.model import Device
-from driver.sim.nics import render_netdev
-from driver.sim.profile import NicSpec
+from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
+from sim.nics import render_netdev
+from sim.profile import NicSpec
 
 
 @pytest.fixture
@@ -146,7 +148,7 @@ def test_skip_rules(fx: Fixture, caplog) -> None:
     ip(fx.ns, "-6", "addr", "add", "2001:db8::2/64", "dev", "br0", "nodad")
     ip(fx.ns, "-6", "route", "add", "default", "via", "2001:db8::1", "dev", "br0")
 
-    with caplog.at_level(logging.DEBUG, logger="driver.discovery.nic"):
+    with caplog.at_level(logging.DEBUG, logger="driver.discovery"):
         devices = fx.discover(exclude_interfaces=["excl0"])
     assert [d.attributes["ifName"] for d in devices.values()] == ["ok0"]
     for reason in (
@@ -206,8 +208,8 @@ def test_many_addresses_stay_within_limits(fx: Fixture) -> None:
     fx.map(nic(1, "many0"))
     for list_form in (True, False):
         d = fx.discover(list_attributes=list_form)["pci-0000-8b-00-0"]
-        assert len(d.attributes) + len(d.capacity) <= MAX_ATTRIBUTES
-        assert sum(len(v) if isinstance(v, tuple) else 1 for v in d.attributes.values()) <= MAX_VALUES
+        assert len(d.attributes) + len(d.capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES
+        assert sum(len(v) if isinstance(v, tuple) else 1 for v in d.attributes.values()) <= MAX_ATTRIBUTE_VALUES
         assert d.nic is not None and len(d.nic.ipv4) == 40 and len(d.nic.ipv6) == 40
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import dataclasses
 import signal
 
-from driver.demo import DRIVER
-from driver.sim.kubelet import KubeletSim
-from driver.sim.nvml import write_driver_unloaded, write_state
-from driver.sim.profile import h100_node
-from driver.sim.scheduler import published_devices
-from driver.sim.sysfs import render_node
+from demo.node import DRIVER
+from sim.kubelet import KubeletSim
+from sim.nvml import write_driver_unloaded, write_state
+from sim.profile import h100_node
+from sim.scheduler import published_devices
+from sim.sysfs import render_node
 
 
 def _names(apiserver, node) -> set[str]:

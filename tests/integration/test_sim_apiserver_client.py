@@ -1,4 +1,4 @@
-"""The simulated API server as a separate process (`python -m driver.sim.apiserver`), as the demo runs it."""
+"""The simulated API server as a separate process (`python -m sim.apiserver`), as the demo runs it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from kubernetes import client, config
 def test_standalone_server_serves_until_sigterm(tmp_path: Path) -> None:
     kubeconfig = tmp_path / "kubeconfig"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "driver.sim.apiserver", "--kubeconfig", str(kubeconfig)],
+        [sys.executable, "-m", "sim.apiserver", "--kubeconfig", str(kubeconfig)],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -13,8 +13,8 @@ import pytest
 
 from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
-from driver.sim.apiserver import SimApiServer
-from driver.slices import PublisherOptions, SlicePublisher
+from driver.slices.publisher import PublisherOptions, SlicePublisher
+from sim.apiserver import SimApiServer
 
 DRIVER = "tandem.example.com"
 NODE = "node-a"

@@ -1,7 +1,7 @@
 """What the writer emits satisfies an independent, strict JSON schema of the CDI 1.1.0 format.
 
-The upstream schema (cdi.md §10) is too weak to catch a writer's mistakes (no
-``additionalProperties: false``, no name patterns, a broken ``env`` item), so, as cdi.md advises,
+The upstream schema (docs/reference/cdi.md, 'JSON schema') is too weak to catch a writer's mistakes (no
+``additionalProperties: false``, no name patterns, a broken ``env`` item), so, as docs/reference/cdi.md advises,
 this is a stricter one written from the reference tables. It checks the Python model from the
 outside: a misspelt key, a wrong type or an unknown version in the emitted JSON fails it.
 """

@@ -27,10 +27,10 @@ from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, GpuInfo, NicInfo
-from driver.sim import nvml as sim_nvml
-from driver.sim.driver_files import render_driver_files
-from driver.sim.profile import a100_mig_node, h100_node
-from driver.sim.sysfs import render_node
+from sim import nvml as sim_nvml
+from sim.driver_files import render_driver_files
+from sim.profile import a100_mig_node, h100_node
+from sim.sysfs import render_node
 
 DRIVER = "tandem.example.org"
 UID = "7f1c9e2a-51d3-4c3e-9b61-0c2f3a5d8e11"

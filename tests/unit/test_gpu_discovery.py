@@ -10,24 +10,15 @@ from types import ModuleType
 
 import pytest
 
-from driver.discovery.gpu import (
-    MAX_ATTRIBUTE_VALUES,
-    MAX_ATTRIBUTES_AND_CAPACITIES,
-    GpuDiscovery,
-    MigName,
-    NvmlUnavailable,
-    binary_quantity,
-    cuda_version,
-    fit_limits,
-    mig_device_name,
-    parse_mig_device_name,
-    profile_label,
-    semver,
-)
+from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.gpu_attributes import binary_quantity, cuda_version, fit_limits, semver
+from driver.discovery.mig import MigName, mig_device_name, parse_mig_device_name, profile_label
+from driver.discovery.nvml import NvmlUnavailable
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, DeviceKind, Version
-from driver.sim import nvml as sim_nvml
-from driver.sim.profile import NodeProfile, a100_mig_node, h100_node
-from driver.sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor, render_node
+from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
+from sim import nvml as sim_nvml
+from sim.profile import NodeProfile, a100_mig_node, h100_node
+from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor, render_node
 
 NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_UNKNOWN = 999
@@ -104,7 +95,7 @@ def test_one_broken_gpu_does_not_hide_the_others(
     profile.gpus[4].nvml_errors = {"nvmlDeviceGetMemoryInfo": NVML_ERROR_NOT_SUPPORTED}
     profile.gpus[5].nvml_errors = {"nvmlDeviceGetArchitecture": NVML_ERROR_UNKNOWN, "nvmlDeviceGetPciInfo": 999}
     profile.gpus[6].nvml_errors = {"nvmlDeviceGetMigMode": NVML_ERROR_UNKNOWN}
-    with caplog.at_level(logging.WARNING, logger="driver.discovery.gpu"):
+    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
         devices = by_name(node(profile)())
     assert sorted(devices) == ["gpu-0", "gpu-1", "gpu-4", "gpu-5", "gpu-7"]
     assert devices["gpu-4"].capacity == {}
@@ -232,7 +223,7 @@ def test_stranded_mig_gpu_publishes_nothing(
 ) -> None:
     profile = a100_mig_node(gpus=2, per_gpu=2)
     profile.gpus[0].mig_devices = []
-    with caplog.at_level(logging.WARNING, logger="driver.discovery.gpu"):
+    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
         devices = node(profile)()
     assert [d.name for d in devices] == ["gpu-1-mig-1g-5gb-7-0", "gpu-1-mig-1g-5gb-8-0"]
     assert any("gpu-0" in r.getMessage() and "stranded" in r.getMessage() for r in caplog.records)
@@ -320,7 +311,7 @@ def test_value_conversions() -> None:
 
 
 def test_nvml_is_preloaded_from_the_mounted_driver_root(tmp_path: Path) -> None:
-    from driver.discovery.gpu import preload_nvml
+    from driver.discovery.nvml import preload_nvml
 
     assert preload_nvml(Path("/")) is None  # the default root uses the normal library search
     assert preload_nvml(tmp_path) is None  # nothing there: pynvml's own lookup reports it

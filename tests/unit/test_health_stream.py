@@ -27,7 +27,7 @@ from driver.kubelet.health import (
     truncate_message,
 )
 from driver.model import Condition, Device, DeviceKind, Health, TaintEffect
-from driver.sim.kubelet import HealthSnapshot, HealthWatch, PluginRpcError
+from sim.kubelet import HealthSnapshot, HealthWatch, PluginRpcError
 
 POOL = "node-a"
 XID = Condition("tandem.dev/xid", TaintEffect.NO_SCHEDULE, "79", "XID 79: GPU fell off the bus")

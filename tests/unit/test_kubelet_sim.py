@@ -25,7 +25,7 @@ from driver.kubelet.api.dra_health.v1alpha1 import api_pb2 as health_v1alpha1
 from driver.kubelet.api.dra_health.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from driver.kubelet.api.pluginregistration.v1 import api_pb2 as reg_pb2
 from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.sim.kubelet import (
+from sim.kubelet import (
     ClaimRef,
     DeviceHealthReport,
     KubeletSim,

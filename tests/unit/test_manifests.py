@@ -354,7 +354,7 @@ _QUALIFIED_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def _valid_extended_resource_name(name: str) -> bool:
-    """IsExtendedResourceName (resource-api.md §5)."""
+    """IsExtendedResourceName (docs/reference/resource-api.md, 'DeviceClass and extended resources')."""
     if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
         return False
     prefix, _, short = name.partition("/")

@@ -1,4 +1,4 @@
-"""Device metadata files: paths, modes, stream format, CDI spec, in-place update, removal (kubelet-contract.md §4)."""
+"""Device metadata files: paths, modes, stream format, CDI spec, in-place update, removal (docs/reference/device-metadata.md)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ APP_XID = Condition("tandem.dev/xid", TaintEffect.NONE, "13", "XID 13", unhealth
 
 @dataclass
 class FakeStats:
-    """The attributes of driver.slices.PublisherStats."""
+    """The attributes of driver.slices.publisher.PublisherStats."""
 
     syncs: int = 0
     writes: int = 0

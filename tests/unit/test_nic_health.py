@@ -17,11 +17,12 @@ from driver.backoff import Backoff
 from driver.discovery.netlink import LinkEvent, LinkState
 from driver.discovery.nic import NicDiscovery
 from driver.health import nic as nic_health
-from driver.health.nic import Debounced, Fault, NicHealthMonitor, link_fault, port_fault
+from driver.health.nic import NicHealthMonitor
+from driver.health.nic_signals import Debounced, Fault, link_fault, port_fault
 from driver.inventory import Inventory
 from driver.model import Device, Health, TaintEffect
-from driver.sim.profile import h100_node
-from driver.sim.sysfs import render_node
+from sim.profile import h100_node
+from sim.sysfs import render_node
 
 LINK = "tandem.dev/link-down"
 PORT = "tandem.dev/rdma-port-down"
@@ -315,7 +316,7 @@ def test_a_nic_leaving_the_inventory_takes_its_conditions(node: SimNic) -> None:
 def test_unreadable_port_state_is_not_judged_and_warned_once(node: SimNic, caplog) -> None:
     mon = node.monitor(debounce=0.5)
     node.port_file(0).write_text("garbage\n")
-    with caplog.at_level(logging.WARNING, logger="driver.health.nic"):
+    with caplog.at_level(logging.WARNING, logger="driver.health.link_sysfs"):
         mon.poll()
         node.step(mon, 1.0)
         node.step(mon, 1.0)

@@ -17,20 +17,17 @@ import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 
 from driver.discovery import netlink
-from driver.discovery.nic import (
-    ABSENT_STATE,
-    MAX_ATTRIBUTES,
-    MAX_VALUES,
-    NicDiscovery,
-    NicDiscoveryError,
-    NicWatcher,
-    device_name,
-)
+from driver.discovery.nic import ABSENT_STATE, NicDiscovery
+from driver.discovery.nic_device import device_name
+from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.nic_watcher import NicWatcher
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Device, DeviceKind
-from driver.sim import nics as sim_nics
-from driver.sim.nics import render_netdev, render_nic
-from driver.sim.profile import NicSpec, h100_node
-from driver.sim.sysfs import pci_device_dir, render_node
+from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
+from sim import nics as sim_nics
+from sim.fstree import pci_device_dir
+from sim.nics import render_netdev, render_nic
+from sim.profile import NicSpec, h100_node
+from sim.sysfs import render_node
 
 
 def spec(n: int, **kw) -> NicSpec:
@@ -143,7 +140,7 @@ def test_a_function_without_any_rdma_device_is_skipped(node: Node, caplog) -> No
     fn = pci_device_dir(node.sys, s.pci_address, s.pcie_root, 0, 0x8086, 0x1592, "ice")
     render_netdev(fn, node.sys, s, s.ifname)
     node.add(spec(2))
-    with caplog.at_level(logging.DEBUG, logger="driver.discovery.nic"):
+    with caplog.at_level(logging.DEBUG, logger="driver.discovery"):
         assert list(node.by_name()) == ["pci-0000-8c-00-0"]
     assert "no RDMA device" in caplog.text
 
@@ -208,7 +205,7 @@ def test_skip_rules_with_reasons(node: Node, caplog) -> None:
         (veth / f).write_text(v + "\n")
     (node.sys / "class/net/veth0").symlink_to("../../devices/virtual/net/veth0")
 
-    with caplog.at_level(logging.DEBUG, logger="driver.discovery.nic"):
+    with caplog.at_level(logging.DEBUG, logger="driver.discovery"):
         devices = node.by_name(exclude_interfaces=[by_name.ifname, by_pci.pci_address.upper()])
     assert list(devices) == [device_name(good.pci_address)]
     assert devices[device_name(good.pci_address)].attributes["ifName"] == good.ifname
@@ -306,8 +303,8 @@ def test_many_addresses_stay_within_attribute_limits(node: Node) -> None:
     for list_form in (True, False):
         d = node.by_name(list_attributes=list_form)["pci-0000-8b-00-0"]
         values = sum(len(v) if isinstance(v, tuple) else 1 for v in d.attributes.values())
-        assert len(d.attributes) + len(d.capacity) <= MAX_ATTRIBUTES
-        assert values <= MAX_VALUES
+        assert len(d.attributes) + len(d.capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES
+        assert values <= MAX_ATTRIBUTE_VALUES
         for v in d.attributes.values():
             for item in v if isinstance(v, tuple) else (v,):
                 assert not isinstance(item, str) or len(item) <= 64

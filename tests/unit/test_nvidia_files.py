@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
-from driver.sim.driver_files import render_driver_files
+from sim.driver_files import render_driver_files
 
 VERSION = "580.95.05"
 LIBS = "usr/lib/x86_64-linux-gnu"

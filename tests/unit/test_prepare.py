@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from driver.prepare import ClaimError, ClaimRef, allocated_devices, validate_ref
+from driver.claims import ClaimError, ClaimRef, allocated_devices, validate_ref
 
 REF = ClaimRef("default", "c", "uid-1")
 

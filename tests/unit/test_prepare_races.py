@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from driver.checkpoint import STATE_COMPLETED, Checkpoint, InstanceLock
+from driver.claims import ClaimRef, PrepareSettings
 from driver.discovery.nvidia_files import DriverFiles
 from driver.metadata import MetadataWriter
 from driver.model import Device, DeviceKind, GpuInfo
-from driver.prepare import ClaimRef, Preparer, PrepareSettings
+from driver.prepare import Preparer
 
 DRIVER, NODE = "tandem.dev", "n1"
 GPU = Device("gpu-0", DeviceKind.GPU, {"type": "gpu"}, gpu=GpuInfo(minor=0, uuid="GPU-0", pci_bus_id="0000:16:00.0"))

@@ -1,4 +1,4 @@
-"""The generated kubelet APIs match the wire contract (kubelet-contract.md §1) field by field.
+"""The generated kubelet APIs match the wire contract (docs/reference/kubelet-plugin.md, 'Wire protocol') field by field.
 
 hack/verify-proto.sh only proves that the generated code matches proto/; these tests prove that
 proto/ matches upstream, so an edited proto (renamed package, renumbered field) fails here. The

@@ -15,8 +15,8 @@ import pytest
 from kubernetes import client, config, watch
 from kubernetes.client.exceptions import ApiException
 
-from driver.sim.apiquantity import canonical
-from driver.sim.apiserver import SimApiServer
+from sim.apiquantity import canonical
+from sim.apiserver import SimApiServer
 
 DRIVER = "gpu.example.com"
 

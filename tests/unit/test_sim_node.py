@@ -16,13 +16,13 @@ from types import ModuleType
 import pytest
 
 from driver.discovery.topology import pcie_root
-from driver.sim import nvml as sim_nvml
-from driver.sim.profile import NodeProfile, a100_mig_node, h100_node
-from driver.sim.sysfs import (
+from sim import nvml as sim_nvml
+from sim.fstree import pci_device_dir
+from sim.profile import NodeProfile, a100_mig_node, h100_node
+from sim.sysfs import (
     NVIDIA_MAJOR,
     mig_ci_cap_minor,
     mig_gi_cap_minor,
-    pci_device_dir,
     render_node,
 )
 

@@ -9,17 +9,9 @@ from typing import Any
 import pytest
 
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect, Version, attribute_to_api
-from driver.slices import (
-    MAX_DEVICES_ADVANCED,
-    MAX_DEVICES_PER_SLICE,
-    build_slices,
-    generate_name,
-    list_attributes_dropped,
-    plan,
-    scalar_attributes,
-    slice_spec_equal,
-    taint_times_of,
-)
+from driver.resource_api import MAX_DEVICES_ADVANCED, MAX_DEVICES_PER_SLICE
+from driver.slices.build import build_slices, generate_name, scalar_attributes, taint_times_of
+from driver.slices.plan import list_attributes_dropped, plan, slice_spec_equal
 
 DRIVER = "tandem.example.com"
 NODE = "node-a"

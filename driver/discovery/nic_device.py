@@ -1,0 +1,196 @@
+"""One PCI function as a published RDMA NIC: its RDMA device and port, char devices, attributes.
+
+One published device per RDMA-capable PCI function, named from its PCI address
+(`pci-0000-8a-00-0`) so the name survives interface renames and the netdev moving into a pod.
+
+netdev -> RDMA device: the first entry of `class/net/<if>/device/infiniband/`, else the RDMA device
+whose GID table names the netdev (`class/infiniband/*/ports/*/gid_attrs/ndevs/*`, e.g. soft-RoCE
+or drivers without the `infiniband/` link). Functions bound to no driver or to vfio-pci/uio/pci-stub,
+and functions without an RDMA device, are not NICs here.
+
+Addresses: `ipv4`/`ipv6` hold global addresses in CIDR form, sorted. With list attributes on they
+are string lists (at most 8 each, fewer if the device would exceed 48 attribute values); with
+list attributes off they hold the first address of the sorted list, so the value is bounded and
+the same whatever order the kernel reports addresses in. `NicInfo` always carries all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from driver.discovery.nic_scan import Netdev
+from driver.discovery.nic_sysfs import (
+    NicError,
+    hex_id,
+    link_target_name,
+    pci_function_dir,
+    read_int,
+    read_or_empty,
+)
+from driver.discovery.topology import topology_attributes
+from driver.model import AttrValue, Device, DeviceKind, NicInfo
+from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES, MAX_VALUE_LENGTH, value_count
+
+log = logging.getLogger(__name__)
+
+UNUSABLE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
+MAX_ADDRESSES_PER_FAMILY = 8
+
+
+def device_name(pci_address: str) -> str:
+    """`0000:8a:00.0` -> `pci-0000-8a-00-0`: a DNS label that does not change with the netdev."""
+    return "pci-" + pci_address.replace(":", "-").replace(".", "-")
+
+
+class NicDeviceReader:
+    """Reads what sysfs says about one PCI function and builds its `Device` (kind NIC)."""
+
+    def __init__(self, sysfs_root: Path, dev_root: Path, list_attributes: bool) -> None:
+        self.sysfs_root = sysfs_root
+        self.dev_root = dev_root
+        self.list_attributes = list_attributes
+
+    def device(self, bdf: str, netdevs: list[Netdev]) -> Device | None:
+        """The function as a published NIC; None (logged at debug level) when it is not one."""
+        fn = pci_function_dir(self.sysfs_root, bdf)
+        driver = link_target_name(fn / "driver")
+        if driver is None:
+            log.debug("skip %s: bound to no driver", bdf)
+            return None
+        if driver in UNUSABLE_DRIVERS:
+            log.debug("skip %s: bound to %s", bdf, driver)
+            return None
+        rep = min(netdevs, key=lambda n: (n.dev_port, n.name)) if netdevs else None
+        rdma = self._rdma_device(fn, rep.name if rep else None)
+        if rdma is None:
+            log.debug("skip %s (%s): no RDMA device", bdf, rep.name if rep else "-")
+            return None
+        rdma_dir, port = rdma
+        port_dir = rdma_dir / "ports" / str(port)
+        link_layer = read_or_empty(port_dir / "link_layer")
+        port_state = read_or_empty(port_dir / "state").split(":")[-1].strip()
+        uverbs = self._char_device(fn / "infiniband_verbs", "uverbs", rdma_dir.name, None)
+        umad = self._char_device(fn / "infiniband_mad", "umad", rdma_dir.name, port)
+        issm = self._char_device(fn / "infiniband_mad", "issm", rdma_dir.name, port)
+        sriov_total = read_int(fn / "sriov_totalvfs", 0) or 0
+        is_vf = (fn / "physfn").is_symlink()
+
+        attrs: dict[str, AttrValue] = {"type": "nic"}
+        if rep is not None:
+            attrs.update(ifName=rep.name, mac=rep.mac, mtu=rep.mtu)
+            speed = read_int(self.sysfs_root / "class/net" / rep.name / "speed", -1)
+            if speed is not None and speed > 0:
+                attrs["speed"] = speed
+            attrs["state"] = rep.operstate
+        if link_layer:
+            attrs["linkLayer"] = link_layer
+        if port_state:
+            attrs["portState"] = port_state
+        attrs["rdmaDevice"] = rdma_dir.name
+        attrs["pciVendorID"] = hex_id(fn / "vendor")
+        attrs["pciDeviceID"] = hex_id(fn / "device")
+        attrs["sriov"] = sriov_total > 0 and not is_vf
+        if attrs["sriov"]:
+            attrs["sriovVfs"] = read_int(fn / "sriov_numvfs", 0) or 0
+        attrs["isSriovVf"] = is_vf
+        ipv4 = rep.ipv4 if rep else ()
+        ipv6 = rep.ipv6 if rep else ()
+        attrs.update(self._address_attributes(ipv4, ipv6))
+        try:
+            attrs.update(topology_attributes(self.sysfs_root, bdf, self.list_attributes))
+        except (OSError, ValueError) as e:
+            log.warning("NIC %s: no topology attributes: %s", bdf, e)
+        attrs = fit_limits(bdf, attrs)
+
+        info = NicInfo(
+            pci_address=bdf,
+            ifname=rep.name if rep else "",
+            rdma_device=rdma_dir.name,
+            mac=rep.mac if rep else "",
+            ipv4=ipv4,
+            ipv6=ipv6,
+            uverbs=uverbs,
+            umad=umad,
+            issm=issm,
+        )
+        return Device(name=device_name(bdf), kind=DeviceKind.NIC, attributes=attrs, nic=info)
+
+    def _rdma_device(self, fn: Path, ifname: str | None) -> tuple[Path, int] | None:
+        """(RDMA device dir, port) of a function: `infiniband/` first, then the GID tables."""
+        direct = sorted((fn / "infiniband").glob("*"))
+        if direct:
+            dev = direct[0]
+            return dev, self._port_of(dev, ifname)
+        if ifname is None:
+            return None
+        for dev in sorted((self.sysfs_root / "class/infiniband").glob("*")):
+            for port_dir in sorted((dev / "ports").glob("*")):
+                if self._gid_names(port_dir, ifname):
+                    return dev.resolve(), int(port_dir.name)
+        return None
+
+    def _port_of(self, dev: Path, ifname: str | None) -> int:
+        """The port whose GID table names the netdev; the lowest port otherwise."""
+        ports = sorted(int(p.name) for p in (dev / "ports").glob("*") if p.name.isdigit())
+        if ifname is not None:
+            for port in ports:
+                if self._gid_names(dev / "ports" / str(port), ifname):
+                    return port
+        return ports[0] if ports else 1
+
+    @staticmethod
+    def _gid_names(port_dir: Path, ifname: str) -> bool:
+        for entry in (port_dir / "gid_attrs/ndevs").glob("*"):
+            try:
+                if entry.read_text().strip() == ifname:
+                    return True
+            except OSError:  # the kernel answers EINVAL for empty GID slots
+                continue
+        return False
+
+    def _char_device(self, class_dir: Path, prefix: str, rdma_name: str, port: int | None) -> str:
+        """`uverbs3`-style name of the char device of this RDMA device (and port), when its node
+        exists under dev_root; entries that say which device/port they belong to must match."""
+        for entry in sorted(class_dir.glob(f"{prefix}*")):
+            ibdev = read_or_empty(entry / "ibdev")
+            if ibdev and ibdev != rdma_name:
+                continue
+            if port is not None and read_int(entry / "port", port) != port:
+                continue
+            if (self.dev_root / "infiniband" / entry.name).exists():
+                return entry.name
+            log.debug("%s: %s has no node under %s/infiniband", rdma_name, entry.name, self.dev_root)
+            return ""
+        return ""
+
+    def _address_attributes(self, ipv4: tuple[str, ...], ipv6: tuple[str, ...]) -> dict[str, AttrValue]:
+        out: dict[str, AttrValue] = {}
+        for key, addrs in (("ipv4", ipv4), ("ipv6", ipv6)):
+            if not addrs:
+                continue
+            out[key] = tuple(addrs[:MAX_ADDRESSES_PER_FAMILY]) if self.list_attributes else addrs[0]
+        return out
+
+
+def fit_limits(bdf: str, attrs: dict[str, AttrValue]) -> dict[str, AttrValue]:
+    """Keep a device within the API's limits: strings of at most 64 characters (a longer one came
+    from a broken sysfs file and is dropped), at most 48 values (address lists are shortened), at
+    most 32 attributes (else NicError: the function cannot be published)."""
+    out: dict[str, AttrValue] = {}
+    for key, value in attrs.items():
+        items = value if isinstance(value, tuple) else (value,)
+        if any(isinstance(v, str) and len(v) > MAX_VALUE_LENGTH for v in items):
+            log.warning("NIC %s: attribute %s is longer than %d characters, dropped", bdf, key, MAX_VALUE_LENGTH)
+            continue
+        out[key] = value
+
+    while value_count(out) > MAX_ATTRIBUTE_VALUES:
+        lists = [(len(v), k) for k in ("ipv4", "ipv6") if isinstance(v := out.get(k), tuple) and len(v) > 1]
+        if not lists:
+            break
+        key = max(lists)[1]
+        out[key] = out[key][:-1]  # type: ignore[index]
+    if len(out) > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise NicError(f"{len(out)} attributes, more than {MAX_ATTRIBUTES_AND_CAPACITIES}")
+    return out

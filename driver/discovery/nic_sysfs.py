@@ -1,0 +1,71 @@
+"""Reading the RDMA side of sysfs: values, link targets, PCI functions, and what a broken entry is.
+
+NIC discovery reads dozens of small sysfs files per function; a kernel bug, a half-removed device
+or a test tree can make any of them absent, garbled or a symlink loop. These readers turn that
+into `NicError` (or the errors in `BROKEN`), so that one broken entry costs only the NIC it
+describes.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+# A PCI function address as sysfs spells it (functions 0-7; SR-IOV VFs get their own bus/device).
+BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+
+
+class NicError(ValueError):
+    """Sysfs says something that cannot be true of an RDMA NIC (bad number, broken link, ...)."""
+
+
+# What a broken sysfs entry raises: I/O errors, unparsable values, symlink loops (RuntimeError).
+BROKEN = (OSError, ValueError, RuntimeError)
+
+
+def read(path: Path) -> str:
+    return path.read_text().strip()
+
+
+def read_or_empty(path: Path) -> str:
+    try:
+        return read(path)
+    except OSError:
+        return ""
+
+
+def read_int(path: Path, default: int | None = None) -> int | None:
+    try:
+        text = read(path)
+    except OSError:  # absent, or EINVAL (e.g. `speed` of a link that is down)
+        return default
+    try:
+        return int(text, 0)
+    except ValueError as e:
+        raise NicError(f"{path}: not a number: {text[:40]!r}") from e
+
+
+def hex_id(path: Path) -> str:
+    """`0x15b3` -> `15b3`, the form lspci and device plugin selectors use."""
+    text = read(path).lower()
+    value = text[2:] if text.startswith("0x") else text
+    if not re.fullmatch(r"[0-9a-f]{4}", value):
+        raise NicError(f"{path}: not a PCI ID: {text[:40]!r}")
+    return value
+
+
+def link_target_name(path: Path) -> str | None:
+    """Basename of a symlink's target (`driver` -> `mlx5_core`), None when there is no link."""
+    try:
+        return os.path.basename(os.readlink(path))
+    except OSError:
+        return None
+
+
+def pci_function_dir(sysfs_root: Path, bdf: str) -> Path:
+    """The real directory of a PCI function; NicError when sysfs does not list it."""
+    path = sysfs_root / "bus/pci/devices" / bdf
+    if not path.exists():
+        raise NicError(f"PCI function {bdf} not found under {sysfs_root}/bus/pci/devices")
+    return path.resolve()

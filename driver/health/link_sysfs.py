@@ -1,0 +1,97 @@
+"""A NIC's link and RDMA port state as sysfs shows it: the health monitor's view on a simulated node.
+
+On a real node link state comes from netlink; RDMA ports have no events anywhere and are always
+read here (`class/infiniband/<dev>/ports/<p>/{state,phys_state}`). On the simulated node, whose
+NICs exist only as a sysfs tree, links are read here too (`class/net/<if>/{operstate,carrier,
+flags,ifindex}`). A file in a form that cannot be read makes its signal unobservable, with one
+warning per file.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from driver.discovery import netlink
+from driver.discovery.netlink import LinkState
+from driver.health.nic_signals import BAD_OPERSTATES, Fault, port_fault
+
+log = logging.getLogger(__name__)
+
+_PORT_STATE = re.compile(r"^\s*(\d+)\s*:\s*(\S(?:.*\S)?)\s*$")
+
+
+class LinkSysfs:
+    """Reads link and port state under `sysfs_root`; `on_error` counts every unreadable entry."""
+
+    def __init__(self, sysfs_root: Path, on_error: Callable[[], None]) -> None:
+        self.sysfs_root = sysfs_root
+        self._on_error = on_error
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, message: str, *args: object) -> None:
+        self._on_error()
+        if key not in self._warned:
+            self._warned.add(key)
+            log.warning(message, *args)
+
+    def _read(self, path: Path) -> str | None:
+        """Contents of a sysfs file; None when it is absent or unreadable (EINVAL: `carrier` of a
+        link that is administratively down)."""
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno != errno.EINVAL:
+                self._warn_once(str(path), "cannot read %s: %s", path, e)
+            return None
+
+    def link(self, ifname: str) -> LinkState | None:
+        """A netdev's state from sysfs (the simulated node); None when there is no such netdev."""
+        net = self.sysfs_root / "class/net" / ifname
+        operstate = self._read(net / "operstate")
+        if operstate is None:
+            return None
+        try:
+            flags = int(self._read(net / "flags") or "0x1", 0)
+            index = int(self._read(net / "ifindex") or "0")
+            carrier_text = self._read(net / "carrier")
+            carrier = int(carrier_text) == 1 if carrier_text is not None else None
+        except ValueError as e:
+            self._warn_once(str(net), "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
+            return None
+        admin_up = bool(flags & netlink.IFF_UP)
+        if carrier is None:  # the kernel refuses to say while the link is administratively down
+            carrier = False if not admin_up else operstate.lower() not in BAD_OPERSTATES
+        return LinkState(index, ifname, operstate.lower(), admin_up, carrier)
+
+    def ports(self, rdma_device: str) -> dict[int, Fault | None]:
+        """Each readable port of an RDMA device with its fault; ports sysfs does not show, or
+        shows in a form we cannot read, are left out (unobservable)."""
+        out: dict[int, Fault | None] = {}
+        for port_dir in sorted((self.sysfs_root / "class/infiniband" / rdma_device / "ports").glob("*")):
+            if not port_dir.name.isdigit():
+                continue
+            port = int(port_dir.name)
+            state = self._port_state(port_dir / "state")
+            if state is None:
+                continue
+            phys_text = self._read(port_dir / "phys_state")
+            phys = self._port_state(port_dir / "phys_state") if phys_text is not None else None
+            out[port] = port_fault(port, state, phys)
+        return out
+
+    def _port_state(self, path: Path) -> str | None:
+        """`4: ACTIVE` -> `ACTIVE`; None (and a warning, once) for a file in another form."""
+        text = self._read(path)
+        if text is None:
+            return None
+        m = _PORT_STATE.match(text)
+        if m is None:
+            self._warn_once(str(path), "%s: not a port state (%r), not judged", path, text[:40])
+            return None
+        return m.group(2)

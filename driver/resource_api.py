@@ -1,0 +1,42 @@
+"""What resource.k8s.io/v1 demands of the objects the driver writes, in one place.
+
+The API server rejects a whole ResourceSlice (every device in it, not just the one that breaks a
+rule) and a whole claim status write when a limit is exceeded, so discovery trims each device to
+fit before it is published and the slice planner cuts the pool into slices that fit. The numbers
+are the `resource/v1` validation constants (docs/reference/resource-api.md, 'Limits').
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+API_VERSION = "resource.k8s.io/v1"
+
+# Per ResourceSlice (ResourceSliceMaxDevices), and when any device in it has taints,
+# consumesCounters or list-typed attributes (ResourceSliceMaxDevicesWithAdvancedFeatures).
+MAX_DEVICES_PER_SLICE = 128
+MAX_DEVICES_ADVANCED = 64
+
+# Per device: attribute and capacity entries together, attribute values (a list attribute counts
+# each element), characters of a string or version value, taints.
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_ATTRIBUTE_VALUES = 48
+MAX_VALUE_LENGTH = 64
+MAX_TAINTS = 16
+
+# Per device entry of a claim's status.devices: addresses in networkData.ips.
+MAX_NETWORK_IPS = 16
+
+
+def value_count(attributes: Mapping[str, object]) -> int:
+    """Attribute values as MAX_ATTRIBUTE_VALUES counts them: a list counts each of its elements."""
+    return sum(len(v) if isinstance(v, tuple) else 1 for v in attributes.values())
+
+
+def rfc3339(wall: float | None = None) -> str:
+    """A time as the API writes metav1.Time: RFC 3339 in UTC, whole seconds, `Z` ("2025-01-02T03:04:05Z").
+
+    `wall` is Unix time; None is now.
+    """
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if wall is None else wall))

@@ -1,0 +1,178 @@
+"""This node's ResourceSlices as the server holds them: listed, then kept current by a watch.
+
+The publisher plans against this cache instead of listing before every sync, so a steady state
+costs no API reads; the watch makes slices that someone else deleted or changed wake the
+publisher within moments. Writes the publisher made are put in at once (their watch events come
+later), and resourceVersions decide which copy is newer, so a late event never undoes a write.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from driver.backoff import Backoff, Retry
+from driver.kubeapi import KubeAPI, SliceWatch
+from driver.slices.build import metadata
+
+log = logging.getLogger(__name__)
+
+
+def resource_version(obj: Mapping[str, Any]) -> int | None:
+    """resourceVersion as a number, when the server uses numbers (every real one does).
+
+    Used only to drop stale watch events; when RVs are not numeric every event is applied.
+    """
+    rv = metadata(obj).get("resourceVersion")
+    return int(rv) if isinstance(rv, str) and rv.isdigit() else None
+
+
+class LiveSlices:
+    """The live slices of one node and driver, and the "slice-watch" thread that keeps them.
+
+    Shares the publisher's condition: every change is made under it and reported by calling
+    `changed` (still under it), which is how the publisher learns it must compare again. The
+    publisher's worker lists (`relist`) and records its own writes (`put`, `remove`); the watch
+    thread applies events and lists again when the watch fails.
+    """
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        node_name: str,
+        driver_name: str,
+        cond: threading.Condition,
+        changed: Callable[[], None],
+        stop: threading.Event,
+        backoff: Backoff,
+        watch_timeout: int,
+    ) -> None:
+        self._api = api
+        self._node = node_name
+        self._driver = driver_name
+        self._cond = cond
+        self._changed = changed
+        self._stop = stop
+        self._backoff = backoff
+        self._watch_timeout = watch_timeout
+        # Guarded by _cond:
+        self._live: dict[str, dict[str, Any]] = {}
+        self._list_rv: int | None = None
+        self.listed = False
+        self.watch_restarts = 0  # times the watch was opened again after it ended or failed
+        self._watch: SliceWatch | None = None
+        self._thread: threading.Thread | None = None
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self._cond:
+            return list(self._live.values())
+
+    def start_watch(self, rv: str) -> None:
+        """Follow changes from the list at `rv` in the "slice-watch" thread."""
+        self._thread = threading.Thread(target=self._watch_loop, args=(rv,), name="slice-watch", daemon=True)
+        self._thread.start()
+
+    def stop_watch(self) -> None:
+        """End an open watch at once (the shared stop event must be set first)."""
+        with self._cond:
+            watch = self._watch
+        if watch is not None:
+            watch.stop()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def put(self, name: str, obj: dict[str, Any]) -> bool:
+        """Cache `obj` unless the cache already holds a newer version. Caller holds the condition."""
+        cur = self._live.get(name)
+        new_rv = resource_version(obj)
+        if cur is not None and new_rv is not None and (resource_version(cur) or -1) >= new_rv:
+            return False
+        self._live[name] = obj
+        return True
+
+    def remove(self, name: str) -> None:
+        """A slice this process deleted. Caller holds the condition."""
+        self._live.pop(name, None)
+
+    def relist(self) -> str:
+        """List the slices again; returns the list's resourceVersion to watch from."""
+        items, rv = self._api.list_slices(self._node, self._driver)
+        list_rv = int(rv) if rv.isdigit() else None
+        with self._cond:
+            fresh = {}
+            for obj in items:
+                name = metadata(obj).get("name")
+                if isinstance(name, str):
+                    fresh[name] = obj
+            # Keep what the watch or our own writes delivered after the list's snapshot.
+            for name, obj in self._live.items():
+                obj_rv = resource_version(obj)
+                if list_rv is not None and obj_rv is not None and obj_rv > list_rv:
+                    cur = fresh.get(name)
+                    if cur is None or (resource_version(cur) or -1) < obj_rv:
+                        fresh[name] = obj
+            self._live = fresh
+            self._list_rv = list_rv
+            self.listed = True
+            self._changed()
+        return rv
+
+    def _watch_loop(self, rv: str) -> None:
+        backoff = Retry(self._backoff)
+        first = True
+        while not self._stop.is_set():
+            opened = time.monotonic()
+            try:
+                if not first:
+                    with self._cond:
+                        self.watch_restarts += 1
+                first = False
+                watch = self._api.watch_slices(self._node, self._driver, rv, self._watch_timeout)
+                with self._cond:
+                    self._watch = watch
+                if self._stop.is_set():
+                    watch.stop()
+                    return
+                for etype, obj in watch:
+                    obj_rv = metadata(obj).get("resourceVersion")
+                    if isinstance(obj_rv, str) and obj_rv:
+                        rv = obj_rv
+                    if etype in ("ADDED", "MODIFIED", "DELETED"):
+                        self._apply_event(etype, obj)
+            except Exception as exc:
+                if self._stop.is_set():
+                    return
+                log.info("ResourceSlice watch failed (%s); listing again", exc)
+                self._stop.wait(backoff.next())
+                try:
+                    rv = self.relist()
+                except Exception as list_exc:
+                    log.warning("listing ResourceSlices failed: %s", list_exc)
+                continue
+            # The server ended the watch. Resume from the last version seen; a server that keeps
+            # closing watches at once must not turn this into a busy loop.
+            if time.monotonic() - opened < 1.0:
+                self._stop.wait(backoff.next())
+            else:
+                backoff.reset()
+
+    def _apply_event(self, etype: str, obj: dict[str, Any]) -> None:
+        name = metadata(obj).get("name")
+        if not isinstance(name, str):
+            log.warning("ignoring watch event for a slice without a name")
+            return
+        obj_rv = resource_version(obj)
+        with self._cond:
+            if self._list_rv is not None and obj_rv is not None and obj_rv <= self._list_rv:
+                return  # already part of the last list
+            if etype == "DELETED":
+                if self._live.pop(name, None) is None:
+                    return
+            elif not self.put(name, obj):
+                return
+            self._changed()

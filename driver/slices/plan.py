@@ -1,0 +1,217 @@
+"""The fewest writes that turn the live pool into the desired one: semantic comparison and planning.
+
+Pure: `plan` takes the slices `build_slices` made and the slices the server holds, and returns
+the deletes, updates and creates in the order they must be done. It follows the Go
+`resourceslice` controller where that matters to consumers (docs/reference/kubelet-plugin.md,
+'Publishing ResourceSlices'): delete-then-update-then-create, generation bumps, comparison as the
+server would see it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from driver.slices.build import LIST_KEYS, metadata, spec_devices
+
+
+def _prune(value: Any) -> Any:
+    """Drop None, {} and [] recursively: the server omits them (omitempty), we may not."""
+    if isinstance(value, dict):
+        pruned = {k: _prune(v) for k, v in value.items()}
+        return {k: v for k, v in pruned.items() if v is not None and v != {} and v != []}
+    if isinstance(value, list):
+        return [_prune(v) for v in value]
+    return value
+
+
+def _quantity(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return parse_quantity(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _canon_device(dev: Mapping[str, Any]) -> Any:
+    out = dict(_prune(dict(dev)))
+    if isinstance(out.get("capacity"), dict):
+        out["capacity"] = {
+            k: {**c, "value": _quantity(c.get("value"))} if isinstance(c, dict) else c
+            for k, c in out["capacity"].items()
+        }
+    if isinstance(out.get("taints"), list):
+        out["taints"] = [
+            (t.get("key"), t.get("value") or "", t.get("effect")) if isinstance(t, dict) else t for t in out["taints"]
+        ]
+    return out
+
+
+def _canon_devices(spec: object) -> list[Any]:
+    return [_canon_device(d) for d in spec_devices(spec)]
+
+
+def _canon_spec(spec: object) -> Any:
+    if not isinstance(spec, dict):
+        return None
+    out = dict(_prune(dict(spec)))
+    out["devices"] = _canon_devices(spec)
+    if out.get("allNodes") is False:
+        del out["allNodes"]
+    return out
+
+
+def slice_spec_equal(desired: Mapping[str, Any], live: Mapping[str, Any]) -> bool:
+    """Semantic equality of two slice specs, as the server would see them.
+
+    Quantities compare by value ("1024Mi" == "1Gi": the server canonicalises them), taint
+    timeAdded is ignored (the server sets it, we keep it), and absent, null and empty fields are
+    equal. Device order counts: it is the order consumers see.
+    """
+    return _canon_spec(dict(desired)) == _canon_spec(dict(live))
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Writes that bring the live pool to the desired one, in the order they must be done."""
+
+    generation: int
+    deletes: list[tuple[str, str]] = field(default_factory=list)  # (name, resourceVersion)
+    updates: list[dict[str, Any]] = field(default_factory=list)  # full bodies with name + RV
+    creates: list[dict[str, Any]] = field(default_factory=list)  # full bodies with generateName
+
+    @property
+    def empty(self) -> bool:
+        return not (self.deletes or self.updates or self.creates)
+
+    @property
+    def writes(self) -> int:
+        return len(self.deletes) + len(self.updates) + len(self.creates)
+
+
+def _generation(obj: Mapping[str, Any]) -> int:
+    pool = (obj.get("spec") or {}).get("pool") or {}
+    gen = pool.get("generation")
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) else -1
+
+
+def _with_pool(body: dict[str, Any], generation: int, count: int) -> dict[str, Any]:
+    spec = dict(body["spec"])
+    spec["pool"] = {**spec["pool"], "generation": generation, "resourceSliceCount": count}
+    return {**body, "spec": spec}
+
+
+def _device_names(obj: Mapping[str, Any]) -> set[str]:
+    return {d.get("name") for d in spec_devices(obj.get("spec")) if isinstance(d.get("name"), str)}
+
+
+def plan(desired: Sequence[dict[str, Any]], live: Sequence[Mapping[str, Any]]) -> Plan:
+    """The minimal writes that turn `live` (this node's slices of this driver) into `desired`.
+
+    `desired` comes from `build_slices`; its pool generation and count are decided here.
+    Matching reuses live slices: first those whose devices are already exactly right, then by
+    the largest overlap of device names, so that a steady state plans nothing and one changed
+    device plans one update. Unmatched live slices, slices of an older generation or another
+    pool are deleted; missing ones are created.
+
+    Generation (docs/reference/kubelet-plugin.md, 'Publishing ResourceSlices'): consumers use only the slices with the highest
+    generation and count them against resourceSliceCount. One rewritten slice is atomic, so the
+    generation can stay. When new slices appear or several change, a consumer could see some
+    old and some new slices at the same generation (a device moved between slices would show
+    twice or not at all); a higher generation in all of them makes it ignore the old ones until
+    the set is complete. The bump rewrites every kept slice, so it is done only then.
+    """
+    if not desired:
+        raise ValueError("desired pool has no slices (build_slices always returns at least one)")
+    pool_name = desired[0]["spec"]["pool"]["name"]
+    asked = max(_generation(d) for d in desired)
+    owners = desired[0]["metadata"].get("ownerReferences")
+
+    current = max((_generation(obj) for obj in live), default=0)
+    candidates: list[Mapping[str, Any]] = []
+    deletes: list[tuple[str, str]] = []
+    for obj in sorted(live, key=lambda o: str(metadata(o).get("name", ""))):
+        meta = metadata(obj)
+        name = meta.get("name")
+        if not isinstance(name, str) or not name:
+            continue
+        pool = (obj.get("spec") or {}).get("pool") or {}
+        if pool.get("name") == pool_name and _generation(obj) == current:
+            candidates.append(obj)
+        else:
+            deletes.append((name, str(meta.get("resourceVersion") or "")))
+
+    matched: dict[int, Mapping[str, Any]] = {}
+    for i, body in enumerate(desired):
+        want = _canon_devices(body["spec"])
+        for obj in candidates:
+            if _canon_devices(obj.get("spec")) == want:
+                matched[i] = obj
+                candidates.remove(obj)
+                break
+    for i, body in enumerate(desired):
+        if i in matched or not candidates:
+            continue
+        names = _device_names(body)
+        best = max(candidates, key=lambda o: len(names & _device_names(o)))
+        matched[i] = best
+        candidates.remove(best)
+    deletes += [(str(metadata(o)["name"]), str(metadata(o).get("resourceVersion") or "")) for o in candidates]
+
+    count = len(desired)
+    missing = [i for i in range(count) if i not in matched]
+
+    def changed(i: int, generation: int) -> bool:
+        obj = matched[i]
+        want = _with_pool(desired[i], generation, count)
+        same_owner = _prune(metadata(obj).get("ownerReferences")) == _prune(owners)
+        return not (same_owner and slice_spec_equal(want["spec"], obj.get("spec") or {}))
+
+    changed_now = [i for i in matched if changed(i, current)]
+    if asked > current:
+        generation = asked
+    elif not missing and len(changed_now) <= 1:
+        generation = current
+    else:
+        generation = current + 1
+    to_update = sorted(matched) if generation != current else changed_now
+
+    updates = []
+    for i in to_update:
+        body = _with_pool(desired[i], generation, count)
+        meta = {**metadata(matched[i]), "ownerReferences": owners}
+        meta.pop("managedFields", None)
+        updates.append({**body, "metadata": meta})
+    creates = [_with_pool(desired[i], generation, count) for i in missing]
+    return Plan(generation=generation, deletes=deletes, updates=updates, creates=creates)
+
+
+def list_attributes_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the server silently dropped list-typed attribute values we sent.
+
+    An apiserver with DRAListTypeAttributes off keeps the attribute key but drops the list, so
+    the stored attribute has no value at all.
+    """
+    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
+    for dev in spec_devices(sent.get("spec")):
+        back = stored_devices.get(dev.get("name"))
+        back_attrs = (back or {}).get("attributes") or {}
+        for name, attr in (dev.get("attributes") or {}).items():
+            for key in LIST_KEYS:
+                if attr.get(key) and not (back_attrs.get(name) or {}).get(key):
+                    return True
+    return False
+
+
+def taints_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the server silently dropped device taints we sent (DRADeviceTaints off, or a
+    server too old to know them): desired and live would then never agree."""
+    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
+    return any(
+        dev.get("taints") and not (stored_devices.get(dev.get("name")) or {}).get("taints")
+        for dev in spec_devices(sent.get("spec"))
+    )

@@ -1,0 +1,358 @@
+"""Keeps this node's ResourceSlices equal to the inventory, writing only what changed.
+
+The publisher feeds the pure half (`build_slices`, `plan`) and carries the planned writes out
+through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
+rate-limited, failures retried with backoff, and a server that silently drops list-typed
+attributes or device taints (feature gate off) is answered with a fallback instead of endless
+rewrites.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.backoff import Backoff, Retry
+from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
+from driver.model import Device
+from driver.slices.build import (
+    SCALAR_CAPABLE_LIST_ATTRIBUTES,
+    build_slices,
+    device_to_api,
+    metadata,
+    scalar_attributes,
+    taint_times_of,
+)
+from driver.slices.cache import LiveSlices
+from driver.slices.plan import list_attributes_dropped, plan, taints_dropped
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PublisherOptions:
+    """Timing of the publisher. Defaults suit a node; tests shorten them."""
+
+    # Least time between two batches of writes: a burst of device changes becomes a few writes.
+    min_write_interval: float = 0.5
+    # Wait this long after the first trigger of a quiet period, so that a burst starts coalesced.
+    debounce: float = 0.05
+    # Compare desired and live even without any event (the watch could have missed something).
+    resync_period: float = 30.0
+    backoff_initial: float = 0.2
+    backoff_max: float = 30.0
+    # Server-side timeout of one watch request; the watch is then resumed.
+    watch_timeout: int = 300
+    scalar_capable_attributes: frozenset[str] = SCALAR_CAPABLE_LIST_ATTRIBUTES
+
+
+@dataclass
+class PublisherStats:
+    syncs: int = 0
+    writes: int = 0
+    creates: int = 0
+    updates: int = 0
+    deletes: int = 0
+    errors: int = 0
+    watch_restarts: int = 0  # times the watch was opened again after it ended or failed
+    skipped_devices: int = 0  # devices left out because the API cannot represent them
+
+
+class SlicePublisher:
+    """Keeps this node's ResourceSlices equal to `get_devices()`, writing only what changed.
+
+    Two threads: this worker ("slice-publisher"), which resolves the Node, lists, and syncs
+    (coalesced, rate-limited, retried with backoff), and the watch thread of `LiveSlices`, which
+    keeps the cache of the live slices it plans against. API errors are logged and retried
+    forever; nothing here exits because the API server misbehaves.
+    """
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        driver_name: str,
+        node_name: str,
+        get_devices: Callable[[], Sequence[Device]],
+        options: PublisherOptions | None = None,
+    ) -> None:
+        self._api = api
+        self._driver = driver_name
+        self._node = node_name
+        self._get_devices = get_devices
+        self._opts = options or PublisherOptions()
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._cache = LiveSlices(
+            api,
+            node_name,
+            driver_name,
+            self._cond,
+            self._mark_dirty,
+            self._stop,
+            Backoff(initial=self._opts.backoff_initial, maximum=self._opts.backoff_max),
+            self._opts.watch_timeout,
+        )
+        # Guarded by _cond:
+        self._node_uid: str | None = None
+        self._dirty = True
+        self._dirty_since = 0.0
+        self._retry_at = 0.0
+        self._last_write = float("-inf")
+        self._list_mode = True
+        self._taint_mode = True
+        self._stats = PublisherStats()
+        self._skipped: set[str] = set()
+        self._writing = False
+        self._worker: threading.Thread | None = None
+
+    # -- public ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._worker = threading.Thread(target=self._run, name="slice-publisher", daemon=True)
+        self._worker.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop both threads. Deletes nothing: slices outlive a driver restart on purpose."""
+        self._stop.set()
+        with self._cond:
+            self._cond.notify_all()
+        self._cache.stop_watch()
+        if self._worker is not None:
+            self._worker.join(timeout)
+        self._cache.join(timeout)
+
+    def trigger(self) -> None:
+        """The devices changed: sync soon. Bursts of triggers coalesce into few syncs."""
+        with self._cond:
+            self._mark_dirty()
+
+    def wait_synced(self, timeout: float) -> bool:
+        """True once the live slices equal the desired ones and no write is in flight (for tests
+        and the demo)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._in_sync():
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            with self._cond:
+                self._cond.wait(min(remaining, 0.1))
+
+    @property
+    def stats(self) -> PublisherStats:
+        with self._cond:
+            return dataclasses.replace(self._stats, watch_restarts=self._cache.watch_restarts)
+
+    @property
+    def list_attributes_active(self) -> bool:
+        """False once the server was seen dropping list-typed attributes (scalar fallback)."""
+        with self._cond:
+            return self._list_mode
+
+    # -- worker ----------------------------------------------------------------------------
+
+    def _mark_dirty(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            self._dirty_since = time.monotonic()
+        self._cond.notify_all()
+
+    def _desired(self, live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        devices = [d for d in self._get_devices() if self._publishable(d)]
+        if not self._list_mode:
+            devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
+        if not self._taint_mode:
+            devices = [dataclasses.replace(d, taints=()) if d.taints else d for d in devices]
+        assert self._node_uid is not None
+        return build_slices(devices, self._driver, self._node, self._node_uid, 0, taint_times=taint_times_of(live))
+
+    def _publishable(self, device: Device) -> bool:
+        """One device the API cannot represent must not keep the whole pool unpublished."""
+        try:
+            device_to_api(device, {}, "")
+        except ValueError as exc:
+            with self._cond:
+                if device.name not in self._skipped:
+                    self._skipped.add(device.name)
+                    self._stats.skipped_devices += 1
+                    log.error("not publishing device %s: %s", device.name, exc)
+            return False
+        return True
+
+    def _in_sync(self) -> bool:
+        with self._cond:
+            # While writes are in flight the watch may already show their results; waiting
+            # for the batch to end keeps stats and server request logs consistent with "synced".
+            if not self._cache.listed or self._node_uid is None or self._writing:
+                return False
+            live = self._cache.snapshot()
+        try:
+            return plan(self._desired(live), live).empty
+        except Exception:
+            return False
+
+    def _run(self) -> None:
+        backoff = Retry(Backoff(initial=self._opts.backoff_initial, maximum=self._opts.backoff_max))
+        while not self._stop.is_set():
+            try:
+                ref = self._api.get_node(self._node)
+                with self._cond:
+                    self._node_uid = ref.uid
+                break
+            except Exception as exc:  # never let the publisher thread die: retry everything
+                log.warning("resolving node %s failed (will retry): %s", self._node, exc)
+                self._stop.wait(backoff.next())
+        backoff.reset()
+        rv = ""
+        while not self._stop.is_set():
+            try:
+                rv = self._cache.relist()
+                break
+            except Exception as exc:
+                log.warning("listing ResourceSlices failed (will retry): %s", exc)
+                self._stop.wait(backoff.next())
+        if self._stop.is_set():
+            return
+        self._cache.start_watch(rv)
+        backoff.reset()
+        relist = False
+        while self._wait_due():
+            try:
+                if relist:
+                    self._cache.relist()
+                    relist = False
+                self._sync_once()
+                backoff.reset()
+            except Exception as exc:  # a publisher must survive anything the API or caller throws
+                if isinstance(exc, ApiError) and self._lists_rejected(exc):
+                    continue
+                relist = isinstance(exc, (Conflict, NotFound))
+                delay = backoff.next()
+                log.warning("publishing ResourceSlices failed (retry in %.1fs): %s", delay, exc)
+                with self._cond:
+                    self._stats.errors += 1
+                    self._retry_at = time.monotonic() + delay
+                    self._mark_dirty()
+
+    def _lists_rejected(self, exc: ApiError) -> bool:
+        """Switch to scalar attributes if the server refused our list-typed ones.
+
+        A server with DRAListTypeAttributes off drops the list value and then rejects the
+        now-empty attribute with "exactly one value must be specified" (docs/reference/resource-api.md, 'Attributes').
+        """
+        if not (self._list_mode and exc.status == 422 and "exactly one value must be specified" in str(exc)):
+            return False
+        if not any(isinstance(v, tuple) for d in self._get_devices() for v in d.attributes.values()):
+            return False
+        self._fall_back_to_scalars()
+        return True
+
+    def _stop_publishing_taints(self) -> None:
+        with self._cond:
+            if not self._taint_mode:
+                return
+            log.error(
+                "the API server does not store device taints (feature gate DRADeviceTaints off?): "
+                "unhealthy devices stay schedulable; publishing without taints to avoid endless rewrites"
+            )
+            self._taint_mode = False
+            self._mark_dirty()
+
+    @property
+    def taints_active(self) -> bool:
+        """False once the server was seen dropping device taints."""
+        with self._cond:
+            return self._taint_mode
+
+    def _fall_back_to_scalars(self) -> None:
+        with self._cond:
+            if not self._list_mode:
+                return
+            log.warning(
+                "the API server does not store list-typed device attributes (feature gate "
+                "DRAListTypeAttributes off?); publishing scalar attributes instead"
+            )
+            self._list_mode = False
+            self._mark_dirty()
+
+    def _wait_due(self) -> bool:
+        """Block until a sync is due; False when stopping."""
+        opts = self._opts
+        next_resync = time.monotonic() + opts.resync_period
+        with self._cond:
+            while not self._stop.is_set():
+                now = time.monotonic()
+                if not self._dirty and now >= next_resync:
+                    self._mark_dirty()
+                if self._dirty:
+                    due = max(
+                        self._dirty_since + opts.debounce,
+                        self._last_write + opts.min_write_interval,
+                        self._retry_at,
+                    )
+                    if now >= due:
+                        self._dirty = False
+                        return True
+                    self._cond.wait(due - now)
+                else:
+                    self._cond.wait(next_resync - now)
+            return False
+
+    def _sync_once(self) -> None:
+        with self._cond:
+            live = self._cache.snapshot()
+            self._stats.syncs += 1
+        p = plan(self._desired(live), live)
+        if p.empty:
+            with self._cond:
+                self._cond.notify_all()
+            return
+        log.info(
+            "publishing pool %s generation %d: %d delete(s), %d update(s), %d create(s)",
+            self._node,
+            p.generation,
+            len(p.deletes),
+            len(p.updates),
+            len(p.creates),
+        )
+        with self._cond:
+            self._writing = True
+        try:
+            for name, rv in p.deletes:
+                self._api.delete_slice(name, rv or None)
+                with self._cond:
+                    self._count("deletes")
+                    self._cache.remove(name)
+            for body in p.updates:
+                self._stored("updates", body, self._api.update_slice(body))
+            for body in p.creates:
+                self._stored("creates", body, self._api.create_slice(body))
+        finally:
+            with self._cond:
+                self._writing = False
+                self._last_write = time.monotonic()
+                self._cond.notify_all()
+
+    def _count(self, kind: str) -> None:
+        """Count one write. Caller holds _cond, and updates the cache in the same critical
+        section, so that no reader sees the new state with the old counts."""
+        setattr(self._stats, kind, getattr(self._stats, kind) + 1)
+        self._stats.writes += 1
+
+    def _stored(self, kind: str, sent: dict[str, Any], stored: dict[str, Any]) -> None:
+        name = metadata(stored).get("name")
+        with self._cond:
+            self._count(kind)
+            if not isinstance(name, str):
+                raise ApiError("server returned a slice without metadata.name", retryable=True)
+            self._cache.put(name, stored)
+        if self._list_mode and list_attributes_dropped(sent, stored):
+            self._fall_back_to_scalars()
+        if self._taint_mode and taints_dropped(sent, stored):
+            self._stop_publishing_taints()
