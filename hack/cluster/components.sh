@@ -62,6 +62,21 @@ host_network_down() {
   ip link del tandem-svc 2>/dev/null || true
   ip link del tandem-cni0 2>/dev/null || true
   [ -x "${BIN:-}/kube-proxy" ] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
+  # What is left is the kubelet's (KUBE-FIREWALL, canaries): the jumps into it, then its chains.
+  local ipt table rule chain
+  for ipt in iptables ip6tables; do
+    command -v "$ipt" >/dev/null || continue
+    for table in filter nat mangle; do
+      "$ipt" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' |
+        while read -r rule; do eval "$ipt -t $table ${rule/#-A/-D}" 2>/dev/null || true; done
+      for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        "$ipt" -t "$table" -F "$chain" 2>/dev/null || true
+      done
+      for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+        "$ipt" -t "$table" -X "$chain" 2>/dev/null || true
+      done
+    done
+  done
 }
 
 start_etcd() {

@@ -139,6 +139,7 @@ cluster_status() {
 
 cluster_down() {
   need_root
+  find_build || true
   # Tandem and the kubelet first, so nothing restarts what is being torn down; then every pod's
   # containers through containerd (their processes belong to shims that outlive containerd).
   stop tandem

@@ -1,0 +1,155 @@
+"""Tandem as a node process of the real local cluster (hack/cluster.sh), over a simulated node.
+
+Only the hardware is simulated: the daemon's sysfs, /dev, NVIDIA driver root and NVML come from a
+`SimNode` rendered under `root`, while its kubelet directories, CDI directory and API server are
+the real ones, so the real kubelet registers it through its plugin watcher, the real scheduler
+allocates what it publishes, and the real containerd applies the CDI specs it writes.
+
+    python -m demo.cluster_node start --root DIR --kubeconfig FILE --node-name NAME [-- FLAG...]
+    python -m demo.cluster_node stop --root DIR
+
+The simulated node is rendered once and kept across restarts of the daemon (an XID raised in its
+NVML state stays raised, as on a real node); `start` with a daemon already running does nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from demo.node import DRIVER, SimNode
+from sim.nvml import env_for
+from sim.profile import h100_node
+
+KUBELET_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
+KUBELET_PLUGINS = Path("/var/lib/kubelet/plugins")
+CDI_ROOT = Path("/var/run/cdi")
+RENDERED_MARK = ".rendered"
+
+
+@dataclasses.dataclass
+class ClusterNode:
+    """The simulated node under `root` and the daemon serving it; tests drive it through this."""
+
+    root: Path
+    kubeconfig: Path
+    node_name: str
+
+    @property
+    def pid_file(self) -> Path:
+        return self.root / "tandem.pid"
+
+    @property
+    def log_file(self) -> Path:
+        return self.root / "tandem.log"
+
+    @property
+    def nvml_state(self) -> Path:
+        return self.root / "nvml-state.json"
+
+    @property
+    def data_dir(self) -> Path:
+        return KUBELET_PLUGINS / DRIVER
+
+    def sim_node(self) -> SimNode:
+        """Renders the node on first use; afterwards the same files, whatever happened to them."""
+        profile = h100_node(self.node_name)
+        if (self.root / RENDERED_MARK).exists():
+            node = SimNode(
+                self.root, profile, self.root / "sys", self.root / "dev", KUBELET_REGISTRY, KUBELET_PLUGINS,
+                CDI_ROOT, self.root / "nvidia", env_for(self.nvml_state),
+            )  # fmt: skip
+        else:
+            self.root.mkdir(parents=True, exist_ok=True)
+            node = SimNode.create(self.root, profile)
+            (self.root / RENDERED_MARK).touch()
+        # The real kubelet's directories and the CDI directory containerd reads, not the SimNode's.
+        for unused in ("registry", "plugins", "cdi"):
+            with_path = self.root / unused
+            if with_path.is_dir() and not any(with_path.iterdir()):
+                with_path.rmdir()
+        return dataclasses.replace(node, registry=KUBELET_REGISTRY, plugins=KUBELET_PLUGINS, cdi=CDI_ROOT)
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self.pid_file.read_text())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        return pid
+
+    def start(self, *extra: str) -> int:
+        """Starts the daemon in a session of its own (it outlives the caller); returns its pid."""
+        running = self.pid()
+        if running is not None:
+            return running
+        node = self.sim_node()
+        env = {**os.environ, **node.env}
+        with open(self.log_file, "ab") as log:
+            proc = subprocess.Popen(
+                node.daemon_args(self.kubeconfig, *extra), env=env, stdout=log, stderr=log,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        self.pid_file.write_text(str(proc.pid))
+        return proc.pid
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = 30) -> None:
+        """SIGTERM drains in-flight calls and deregisters; SIGKILL is the crash tests' kill -9."""
+        pid = self.pid()
+        if pid is None:
+            return
+        os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            _reap(pid)
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+        _reap(pid)
+        self.pid_file.unlink(missing_ok=True)
+
+
+def _reap(pid: int) -> None:
+    """A daemon this process started is its child until reaped; one started by another is not."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m demo.cluster_node", description=__doc__.splitlines()[0], epilog="-- FLAG...: daemon flags"
+    )
+    p.add_argument("action", choices=("start", "stop"))
+    p.add_argument("--root", type=Path, required=True, help="where the simulated node lives")
+    p.add_argument("--kubeconfig", type=Path, default=Path("/dev/null"))
+    p.add_argument("--node-name", default="")
+    args = sys.argv[1:] if argv is None else argv
+    split = args.index("--") if "--" in args else len(args)
+    a = p.parse_args(args[:split])
+    flags = args[split + 1 :]
+    node = ClusterNode(a.root, a.kubeconfig, a.node_name)
+    if a.action == "stop":
+        node.stop()
+        return 0
+    if not a.node_name:
+        p.error("start needs --node-name")
+    print(node.start(*flags))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

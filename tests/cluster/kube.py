@@ -1,0 +1,219 @@
+"""The real cluster of hack/cluster.sh, as the end-to-end tests see it: kubectl, objects, waiting.
+
+Everything goes through kubectl with the cluster's admin kubeconfig, as a user would; answers are
+parsed from `-o json`. Waiting is deadline polling that says what it waited for and what it saw
+last, so a failure explains itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_SH = REPO / "hack" / "cluster.sh"
+DRIVER = "tandem.dev"
+T = TypeVar("T")
+
+
+class KubectlError(RuntimeError):
+    pass
+
+
+def cluster_env() -> dict[str, str] | None:
+    """KUBECONFIG, PATH and TANDEM_TEST_IMAGE from `hack/cluster.sh env`; None when it is not built."""
+    proc = subprocess.run([str(CLUSTER_SH), "env"], capture_output=True, text=True, timeout=60)
+    if proc.returncode != 0:
+        return None
+    env = dict(os.environ)
+    for line in proc.stdout.splitlines():
+        key, _, value = line.removeprefix("export ").partition("=")
+        env[key] = value.replace("$PATH", os.environ.get("PATH", ""))
+    return env
+
+
+@dataclass
+class Cluster:
+    env: dict[str, str]
+    node_name: str = "tandem-node"
+    state: Path = Path(os.environ.get("TANDEM_CLUSTER_STATE", "/var/lib/tandem-cluster"))
+    image: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.image = self.env["TANDEM_TEST_IMAGE"]
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
+        proc = subprocess.run(
+            ["kubectl", *args], input=stdin, capture_output=True, text=True, timeout=timeout, env=self.env
+        )
+        if check and proc.returncode != 0:
+            raise KubectlError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc.stdout
+
+    def apply(self, *objects: dict[str, Any] | Iterable[dict[str, Any]], namespace: str = "") -> None:
+        docs: list[dict[str, Any]] = []
+        for o in objects:
+            docs.extend([o] if isinstance(o, dict) else o)
+        self.kubectl("apply", *(["-n", namespace] if namespace else []), "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+    def get(self, kind: str, name: str = "", namespace: str = "", selector: str = "") -> Any:
+        """One object (or None if it does not exist) by name; a list of items without a name."""
+        args = ["get", kind, "-o", "json"]
+        if name:
+            args.insert(2, name)
+        if namespace:
+            args += ["-n", namespace]
+        if selector:
+            args += ["--field-selector", selector]
+        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True, timeout=60, env=self.env)
+        if proc.returncode != 0:
+            if "NotFound" in proc.stderr:
+                return None
+            raise KubectlError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+        obj = json.loads(proc.stdout)
+        return obj if name else obj["items"]
+
+    def slices(self) -> list[dict[str, Any]]:
+        return self.get("resourceslices", selector=f"spec.nodeName={self.node_name},spec.driver={DRIVER}")
+
+    def devices(self) -> dict[str, dict[str, Any]]:
+        """Every published device of Tandem on this node, by name."""
+        return {d["name"]: d for s in self.slices() for d in s["spec"].get("devices") or []}
+
+    def cluster_sh(self, *args: str, env: dict[str, str] | None = None, timeout: float = 600) -> str:
+        proc = subprocess.run(
+            [str(CLUSTER_SH), *args], capture_output=True, text=True, timeout=timeout, env={**self.env, **(env or {})}
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"hack/cluster.sh {' '.join(args)} failed: {proc.stderr[-3000:]}")
+        return proc.stdout
+
+
+def example(cluster: Cluster, name: str, script: str = "") -> list[dict[str, Any]]:
+    """The objects of examples/<name>.yaml, as a user would apply them, with two changes only: no
+    namespace (the caller applies them to its own) and the local test image (no registry here);
+    `script`, when given, becomes every container's command."""
+    docs = [d for d in yaml.safe_load_all((REPO / "examples" / f"{name}.yaml").read_text()) if d]
+    for d in docs:
+        d["metadata"].pop("namespace", None)
+        for c in d.get("spec", {}).get("containers", []):
+            c["image"] = cluster.image
+            if script:
+                c["command"] = ["sh", "-c", script]
+    return docs
+
+
+def attribute(device: dict[str, Any], name: str) -> Any:
+    """A published attribute's value, whatever its type; Tandem's own are published without domain."""
+    value = (device.get("attributes") or {}).get(name) or {}
+    return next(iter(value.values()), None)
+
+
+def wait_for(what: str, probe: Callable[[], T], timeout: float = 60, interval: float = 0.25) -> T:
+    """The first truthy answer of `probe`; on timeout an AssertionError naming `what` and the last answer."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            last = probe()
+        except (KubectlError, subprocess.TimeoutExpired) as e:
+            last = e
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}"[:4000])
+        time.sleep(interval)
+
+
+def claim_template(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None,
+                   config: list[dict[str, Any]] | None = None) -> dict[str, Any]:  # fmt: skip
+    devices: dict[str, Any] = {"requests": requests}
+    if constraints:
+        devices["constraints"] = constraints
+    if config:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def request(name: str, device_class: str, selector: str = "", count: int = 1) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": name, "exactly": exactly}
+
+
+def pod(
+    cluster: Cluster,
+    name: str,
+    script: str,
+    claims: dict[str, str] | None = None,
+    limits: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """A busybox pod running `script`; `claims` maps the pod's claim names to ResourceClaimTemplates."""
+    container: dict[str, Any] = {"name": "main", "image": cluster.image, "command": ["sh", "-c", script]}
+    spec: dict[str, Any] = {"restartPolicy": "Never", "terminationGracePeriodSeconds": 1, "containers": [container]}
+    if claims:
+        spec["resourceClaims"] = [{"name": n, "resourceClaimTemplateName": t} for n, t in claims.items()]
+        container["resources"] = {"claims": [{"name": n} for n in claims]}
+    if limits:
+        container.setdefault("resources", {})["limits"] = limits
+    if tolerations:
+        spec["tolerations"] = tolerations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": spec}
+
+
+def pod_phase(cluster: Cluster, namespace: str, name: str) -> str:
+    p = cluster.get("pod", name, namespace)
+    return (p or {}).get("status", {}).get("phase", "")
+
+
+def wait_pod(cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...] = ("Succeeded",),
+             timeout: float = 90) -> dict[str, Any]:  # fmt: skip
+    """The pod once in one of `phases`; fails at once (with its events) if it ends in another."""
+
+    def probe() -> dict[str, Any] | None:
+        p = cluster.get("pod", name, namespace)
+        phase = (p or {}).get("status", {}).get("phase", "")
+        if phase in phases:
+            return p
+        if phase in ("Succeeded", "Failed"):
+            events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+            logs = cluster.kubectl("logs", "-n", namespace, name, check=False)
+            raise AssertionError(f"pod {name} ended {phase}, not {phases}:\n{events}\n{logs}")
+        return None
+
+    return wait_for(f"pod {namespace}/{name} in {phases}", probe, timeout=timeout)
+
+
+def logs(cluster: Cluster, namespace: str, name: str) -> str:
+    return cluster.kubectl("logs", "-n", namespace, name)
+
+
+DONE = "=== done"
+
+
+def report_script(script: str) -> str:
+    """`script`, then a marker, then sleep: the pod stays Running (and its claims allocated) for the test."""
+    return f"{script}; echo '{DONE}'; exec sleep 3600"
+
+
+def wait_report(cluster: Cluster, namespace: str, name: str, timeout: float = 90) -> str:
+    """What a pod running `report_script` printed, once it printed all of it."""
+    wait_pod(cluster, namespace, name, ("Running",), timeout=timeout)
+    out = wait_for(f"pod {name}'s report", lambda: DONE in (text := logs(cluster, namespace, name)) and text, 30)
+    return out.split(DONE)[0]
