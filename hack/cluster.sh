@@ -5,6 +5,7 @@
 #   hack/cluster.sh env     export lines for a shell: eval "$(hack/cluster.sh env)"
 #   hack/cluster.sh status  what runs, and where each component logs
 #   hack/cluster.sh down    stop everything and remove the cluster's state
+#   hack/cluster.sh restart COMPONENT   e.g. kubelet, containerd, kube-apiserver, tandem
 #   hack/cluster.sh build   only build (or find cached) binaries and images
 #
 # Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
@@ -29,8 +30,9 @@ case "${1:-}" in
   env) cluster_env ;;
   status) cluster_status ;;
   build) cluster_build ;;
+  restart) cluster_restart "${2:?which component?}" ;;
   *)
-    sed -n '2,9p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -222,7 +222,8 @@ current-context: tandem
 EOF2
   chmod 600 "$dir/kubeconfig"
   (cd "$repo" && .venv/bin/python -m demo.cluster_node start --root "$STATE/node" \
-    --kubeconfig "$dir/kubeconfig" --node-name "$NODE_NAME" -- --log-format json) >"$RUN/tandem.pid"
+    --kubeconfig "$dir/kubeconfig" --node-name "$NODE_NAME" -- --log-format json) >/dev/null
+  ln -sf "$STATE/node/tandem.pid" "$RUN/tandem.pid"
   ln -sf "$STATE/node/tandem.log" "$LOGS/tandem.log"
   wait_for 60 "Tandem's ResourceSlices" "$LOGS/tandem.log" tandem_published
 }

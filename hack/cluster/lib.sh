@@ -125,6 +125,27 @@ Stop it: $repo/hack/cluster.sh down
 EOF
 }
 
+cluster_restart() {
+  need_root
+  find_build || die "the cluster is not built yet: run hack/cluster.sh up"
+  detect_host_ip
+  local name="$1" starter
+  case "$name" in
+    etcd | containerd | kubelet | kube-proxy) starter="start_${name//-/_}" ;;
+    kube-scheduler) starter=start_scheduler ;;
+    kube-apiserver) starter=start_apiserver ;;
+    kube-controller-manager) starter=start_controller_manager ;;
+    tandem) starter=start_tandem_node ;;
+    *) die "unknown component $name" ;;
+  esac
+  if [ "$name" = tandem ]; then
+    (cd "$repo" && .venv/bin/python -m demo.cluster_node stop --root "$STATE/node")
+  else
+    stop "$name"
+  fi
+  "$starter"
+}
+
 cluster_status() {
   local name
   printf '%-20s %-8s %s\n' COMPONENT STATE LOG >&2

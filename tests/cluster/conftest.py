@@ -81,7 +81,7 @@ class Tandem:
             [TANDEMCTL, "claims", "--json"],
             capture_output=True, text=True, timeout=30, check=True,
         )  # fmt: skip
-        return json.loads(out.stdout)
+        return json.loads(out.stdout)["claims"]
 
     def files(self) -> list[str]:
         """Tandem's files in the CDI directory: claim specs and device-metadata specs."""
@@ -103,4 +103,8 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     name = "".join(c for c in name if c.isalnum() or c == "-").strip("-")
     cluster.kubectl("create", "namespace", name)
     yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False, timeout=150)
+    # Pods and claims first, waiting for them (the namespace controller alone takes ~10 s to start),
+    # so the next test starts on a node where nothing of this one is still prepared.
+    for kind in ("pods", "resourceclaims"):
+        cluster.kubectl("delete", kind, "--all", "-n", name, "--wait=true", "--timeout=120s", check=False, timeout=150)
+    cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)

@@ -208,8 +208,9 @@ DONE = "=== done"
 
 
 def report_script(script: str) -> str:
-    """`script`, then a marker, then sleep: the pod stays Running (and its claims allocated) for the test."""
-    return f"{script}; echo '{DONE}'; exec sleep 3600"
+    """`script`, then a marker, then sleep: the pod stays Running (and its claims allocated) for the
+    test, and ends at once on SIGTERM (a shell as PID 1 ignores it, which would cost the grace period)."""
+    return f"trap 'exit 0' TERM; {script}; echo '{DONE}'; sleep 3600 & wait"
 
 
 def wait_report(cluster: Cluster, namespace: str, name: str, timeout: float = 90) -> str:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
-from kube import Cluster, attribute, example, report_script, wait_report
+from kube import Cluster, attribute, claim_template, example, pod, report_script, request, wait_for, wait_report
 
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+NUMA = "resource.kubernetes.io/numaNode"
+GPU = 'device.attributes["tandem.dev"].type == "gpu"'
 METADATA_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
 # What a container reports, one section per fact, separated by lines of "---".
 REPORT = "ls /dev | grep -E '^nvidia[0-9]+$'; echo ---; env | sort; echo ---; find {root} -type f -exec cat {{}} +"
@@ -92,3 +94,22 @@ def test_extended_resource_pod_gets_a_gpu_through_dra(cluster: Cluster, tandem, 
     assert result["driver"] == "tandem.dev"
     nodes, _, _ = report(text)
     assert nodes == [f"nvidia{minor(result['device'])}"]
+
+
+def test_cel_selector_on_a_list_typed_attribute(cluster: Cluster, tandem, namespace: str) -> None:
+    """With --list-attributes (and the DRAListTypeAttributes gate) numaNode is a list, and the real
+    scheduler evaluates `includes()` on it."""
+    tandem.ensure("--list-attributes")
+    wait_for(
+        "numaNode published as a list",
+        lambda: all("ints" in d["attributes"][NUMA] for d in cluster.devices().values() if NUMA in d["attributes"]),
+    )
+    selector = f'{GPU} && device.attributes["resource.kubernetes.io"].numaNode.includes(1)'
+    cluster.apply(
+        claim_template("numa-1-gpu", [request("gpu", "gpu.tandem.dev", selector)]),
+        pod(cluster, "numa", report_script("true"), {"gpu": "numa-1-gpu"}),
+        namespace=namespace,
+    )
+    wait_report(cluster, namespace, "numa")
+    (result,), _ = allocated(cluster, namespace, "numa")
+    assert cluster.devices()[result["device"]]["attributes"][NUMA] == {"ints": [1]}
