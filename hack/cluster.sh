@@ -6,6 +6,7 @@
 #   hack/cluster.sh status  what runs, and where each component logs
 #   hack/cluster.sh down    stop everything and remove the cluster's state
 #   hack/cluster.sh restart COMPONENT   e.g. kubelet, containerd, kube-apiserver, tandem
+#   hack/cluster.sh image [TAG]         build the Dockerfile's image, load it into the node
 #   hack/cluster.sh build   only build (or find cached) binaries and images
 #
 # Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
@@ -31,8 +32,9 @@ case "${1:-}" in
   status) cluster_status ;;
   build) cluster_build ;;
   restart) cluster_restart "${2:?which component?}" ;;
+  image) cluster_image "${2:-localhost/tandem-driver:dev}" ;;
   *)
-    sed -n '2,10p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The full test suite, exactly as CI runs it. As root it also installs the Debian packages that
-# the network-namespace and container-runtime tests need (iproute2, podman, runc, busybox-static);
-# without root those tests skip and say why.
+# the network-namespace and container-runtime tests need (iproute2, podman, runc, busybox-static).
+# As root with Go it brings up the real Kubernetes cluster of hack/cluster.sh (building it the
+# first time) and the same pytest run ends with the real-cluster suite, tests/cluster; it takes
+# the cluster down afterwards. Without root those tests skip and say why.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -20,4 +22,13 @@ export PATH="$repo/.venv/bin:$PATH"
 hack/verify-proto.sh
 ruff check .
 lint-imports
-exec python -m pytest -q "$@"
+if [ "$(id -u)" = 0 ] && command -v go >/dev/null && [ "${TANDEM_E2E:-1}" != 0 ]; then
+  # A cluster that fails to come up fails the cluster tests (with its log), not the others.
+  trap 'hack/cluster.sh down >/dev/null 2>&1 || true' EXIT
+  hack/cluster.sh up || echo "hack/cluster.sh up failed: the tests in tests/cluster will fail" >&2
+  export TANDEM_E2E=1
+else
+  echo "tests/cluster (the real Kubernetes cluster) skipped: it needs root and Go; hack/e2e.sh runs it" >&2
+  export TANDEM_E2E=0
+fi
+python -m pytest -q "$@"

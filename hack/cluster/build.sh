@@ -106,7 +106,10 @@ build_tandem_image() {
   local tag="$1" out="$STATE/images"
   build_base_image
   mkdir -p "$out"
-  "${PODMAN[@]}" build -q --network host -t "$tag" "$repo" >"$out/build.log" 2>&1 ||
+  # The build's RUN steps fetch the locked wheels from PyPI: they trust this machine's CA bundle
+  # (which may hold a proxy's CA), mounted for the build only, so nothing of it lands in the image.
+  "${PODMAN[@]}" build -q --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro -t "$tag" "$repo" \
+    >"$out/build.log" 2>&1 ||
     { tail -n 30 "$out/build.log" >&2; die "podman build failed"; }
   "${PODMAN[@]}" save -q -o "$out/tandem.tar" "$tag" >/dev/null
   echo "$out/tandem.tar"

@@ -40,6 +40,13 @@ detect_host_ip() {
   echo "$HOST_IP" >"$STATE/host-ip"
 }
 
+# Mount propagation: the driver pod mounts /dev and the driver root with HostToContainer, which
+# needs the host's mounts to be shared. systemd makes every mount shared at boot; this machine
+# runs without systemd, so do what it does (kind's node image does the same).
+host_mounts_shared() {
+  findmnt -no PROPAGATION / | grep -q shared || mount --make-rshared /
+}
+
 host_network_up() {
   detect_host_ip
   sysctl -qw net.ipv4.ip_forward=1

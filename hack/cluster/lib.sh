@@ -101,6 +101,7 @@ cluster_up() {
   build_binaries
   build_images
   host_prereqs
+  host_mounts_shared
   host_network_up
   make_pki
   start_etcd
@@ -144,6 +145,14 @@ cluster_restart() {
     stop "$name"
   fi
   "$starter"
+}
+
+# cluster_image TAG: the project's image, as the DaemonSet would pull it, in the node's containerd.
+cluster_image() {
+  need_root
+  find_build || die "the cluster is not built yet: run hack/cluster.sh up"
+  import_images "$(build_tandem_image "$1")"
+  echo "$1"
 }
 
 cluster_status() {

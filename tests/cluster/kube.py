@@ -10,12 +10,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import waiting
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,20 +118,8 @@ def attribute(device: dict[str, Any], name: str) -> Any:
 
 
 def wait_for(what: str, probe: Callable[[], T], timeout: float = 60, interval: float = 0.25) -> T:
-    """The first truthy answer of `probe`; on timeout an AssertionError naming `what` and the last answer."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            last = probe()
-        except (KubectlError, subprocess.TimeoutExpired) as e:
-            last = e
-        else:
-            if last:
-                return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last seen: {last!r}"[:4000])
-        time.sleep(interval)
+    """`waiting.wait_for`, riding out a kubectl call that fails or hangs while the cluster changes."""
+    return waiting.wait_for(what, probe, timeout, interval, retry_on=(KubectlError, subprocess.TimeoutExpired))
 
 
 def claim_template(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None,

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The real-cluster suite on its own: brings the cluster up (building it the first time, about 15
+# minutes on 2 cores), runs tests/cluster against it, and takes it down again unless KEEP=1.
+# Needs root and Go; extra arguments go to pytest (hack/e2e.sh -k health).
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+if [ "$(id -u)" != 0 ]; then
+  echo "hack/e2e.sh needs root: it runs a kubelet, containerd and kube-proxy on this machine" >&2
+  exit 2
+fi
+command -v go >/dev/null || { echo "hack/e2e.sh needs Go to build the cluster (https://go.dev/dl/)" >&2; exit 2; }
+TANDEM_EXTRAS=test hack/venv.sh
+[ "${KEEP:-0}" = 1 ] || trap 'hack/cluster.sh down' EXIT
+hack/cluster.sh up
+TANDEM_E2E=1 .venv/bin/python -m pytest -q tests/cluster "$@"
