@@ -1,6 +1,12 @@
 # syntax=docker/dockerfile:1
 # Tandem DRA driver image: `tandem-driver run` is what the DaemonSet starts.
 #
+# It holds the driver and nothing else: the packages `driver` (the daemon, `tandem-driver`,
+# `tandemctl`) and `cdi`, with their pinned runtime dependencies. The simulation (`sim`) and the
+# demo (`demo`) are left out, with their extra dependencies: a privileged pod on every node carries
+# no code it does not run. `tandem-driver demo` therefore does not work in this image; run it from
+# `pip install 'tandem-dra[sim]'` or `hack/demo.sh` in a checkout.
+#
 #   podman build -t tandem-driver:0.1.0 .        (or: docker build -t tandem-driver:0.1.0 .)
 #
 # Two stages: the builder turns the hash-pinned lock files into wheels and builds Tandem's own
@@ -26,16 +32,15 @@ WORKDIR /src
 COPY requirements-build.lock requirements.lock ./
 RUN python -m pip install --require-hashes --only-binary=:all: -r requirements-build.lock \
  && python -m pip wheel --require-hashes --only-binary=:all: --wheel-dir /wheels -r requirements.lock
+# The packages setuptools finds here are the ones copied: sim/ and demo/ are not (and
+# .dockerignore keeps them out of the context), so the wheel built below holds only the driver.
 COPY pyproject.toml README.md ./
 COPY driver ./driver
 COPY cdi ./cdi
-# The wheel also carries the simulation and the demo (`tandem-driver demo` from a plain pip
-# install); the daemon never imports them.
-COPY sim ./sim
-COPY demo ./demo
 # The build backend comes from requirements-build.lock (installed above), not from an unpinned
-# isolated build environment.
-RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels/tandem .
+# isolated build environment. SHA256SUMS lists every wheel the final stage installs (see there).
+RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /wheels/tandem . \
+ && cd /wheels && sha256sum *.whl tandem/*.whl >/wheels/SHA256SUMS
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="tandem-driver" \
@@ -46,17 +51,23 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
-# Pinned dependencies, hash-checked a second time against the same lock, then Tandem itself.
-# pip compiles the .py files at install time, so the DaemonSet's read-only root filesystem costs
-# no start-up time.
+# The checksums of the wheels, copied (a few hundred bytes, kept as a record of what the image
+# installed): buildah (podman build) keys its layer cache for the RUN below by the instruction
+# text, not by the content of a bind mount from another stage, so without a COPY, which it keys by
+# content, a rebuild after a code change would reuse the old install layer and the old driver.
+COPY --from=builder /wheels/SHA256SUMS /usr/local/share/tandem/wheels.sha256
+# The wheels are checked against those sums; pinned dependencies are hash-checked a second time
+# against the same lock, then Tandem itself is installed. pip compiles the .py files at install
+# time, so the DaemonSet's read-only root filesystem costs no start-up time.
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     --mount=type=bind,source=requirements.lock,target=/tmp/requirements.lock \
-    python -m pip install --no-index --find-links /wheels --require-hashes -r /tmp/requirements.lock \
+    (cd /wheels && sha256sum --quiet -c /usr/local/share/tandem/wheels.sha256) \
+ && python -m pip install --no-index --find-links /wheels --require-hashes -r /tmp/requirements.lock \
  && python -m pip install --no-index --no-deps /wheels/tandem/tandem_dra-*.whl \
  && tandem-driver --help >/dev/null
 # The DaemonSet runs this image as root (runAsUser: 0): the driver writes into root-owned kubelet
-# and CDI directories and opens device nodes. Anything else (`tandem-driver demo`, --help,
-# debugging) runs as this unprivileged user by default.
+# and CDI directories and opens device nodes. Anything else (--help, debugging) runs as this
+# unprivileged user by default.
 RUN groupadd --system --gid 10001 tandem \
  && useradd --system --uid 10001 --gid tandem --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin tandem

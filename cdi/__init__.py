@@ -7,7 +7,7 @@ podman 4.3.1, which knows only up to 0.5.0, still load it) and atomic file repla
 """
 
 from cdi.errors import SpecError
-from cdi.files import atomic_write, fsync_dir
+from cdi.files import atomic_write, fsync_dir, remove_temp_files
 from cdi.names import (
     QualifiedName,
     is_dns_label,
@@ -50,6 +50,7 @@ __all__ = [
     "qualified_name",
     "read_spec",
     "remove_spec",
+    "remove_temp_files",
     "spec_filename",
     "validate",
     "validate_class_name",

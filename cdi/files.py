@@ -4,16 +4,27 @@ CDI runtimes rescan their spec directories whenever they change, so a spec must 
 step; the driver's own state files (checkpoint, cordons, device metadata) need the same promise
 across `kill -9` and power loss. This is the one implementation of it: it lives in the CDI
 library because the library must stay standalone, and the driver imports it from here.
+
+A process killed between writing and renaming leaves its temporary file behind, named
+``.<target name>.<8 random characters>.tmp``. `remove_temp_files` takes such leftovers away. A
+writer holds an exclusive `flock` on its temporary file from creation to rename, so a file that
+is still being written (by another process sharing the directory, e.g. the other daemon of a
+rolling update) is told apart from one whose writer died: the kernel drops a dead process's locks.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 
 TEMP_SUFFIX = ".tmp"
+# `tempfile.mkstemp`'s random part: 8 characters of [a-z0-9_].
+_TEMP_NAME = re.compile(r"\.(?P<target>.+)\.[a-z0-9_]{8}" + re.escape(TEMP_SUFFIX))
 
 
 def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -23,19 +34,72 @@ def atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
     runtimes, the driver's reconciliation) never pick up a half-written file; after a crash the
     file is either the old one or the complete new one.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+    fd, tmp = _locked_temp_file(path)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fchmod(fd, mode)
+        os.fsync(fd)
+        os.replace(tmp, path)  # still locked: a concurrent `remove_temp_files` leaves it alone
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        os.close(fd)
     fsync_dir(path.parent)
+
+
+def _locked_temp_file(path: Path) -> tuple[int, str]:
+    """A new temporary file for `path`, open and flocked. `remove_temp_files` may take a file away
+    between its creation and the lock; then the name no longer leads to our inode, and we start
+    again with a new one."""
+    while True:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMP_SUFFIX)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.stat(tmp).st_ino == os.fstat(fd).st_ino:
+                return fd, tmp
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def remove_temp_files(directory: Path, target_prefix: str = "") -> list[Path]:
+    """Remove the temporary files `atomic_write` left in `directory` (not below it) for targets
+    whose name starts with `target_prefix`; returns what was removed.
+
+    Only names of our own pattern are touched, and only files no live writer holds locked, so a
+    directory shared with other programs (a CDI spec directory) and with another instance of the
+    daemon is safe to sweep. A missing directory holds nothing.
+    """
+    try:
+        entries = sorted(directory.iterdir())
+    except FileNotFoundError:
+        return []
+    removed = []
+    for path in entries:
+        m = _TEMP_NAME.fullmatch(path.name)
+        if m is None or not m["target"].startswith(target_prefix):
+            continue
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:  # gone meanwhile, or a link or special file: not one of ours
+            continue
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                continue
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            path.unlink()  # under our lock: no writer can be using it now
+            removed.append(path)
+        except (BlockingIOError, FileNotFoundError):
+            continue  # a live writer's, or renamed into place meanwhile
+        finally:
+            os.close(fd)
+    if removed:
+        fsync_dir(directory)
+    return removed
 
 
 def fsync_dir(directory: Path) -> None:

@@ -1,8 +1,10 @@
 """A simulated node on disk and the real daemon run against it as a separate process.
 
 Shared by the demo, the integration tests and the benchmarks: `SimNode.create` renders a
-`NodeProfile` into sysfs, /dev, the NVIDIA driver root and the fake NVML's state file, and
-`start_daemon` runs `python -m driver run` with every path pointed into it. The daemon is a
+`NodeProfile` into sysfs, /dev, /proc, the NVIDIA driver root and the fake NVML's state file, and
+`start_daemon` runs `python -m driver run` with every path pointed into it. The /dev it renders
+lacks the nodes nvidia-modprobe makes on first use (where the daemon can make them: see
+`sim.sysfs`), as a node where no CUDA process ran yet does. The daemon is a
 separate process, so nothing of the simulation is ever imported into it.
 """
 
@@ -42,7 +44,7 @@ class SimNode:
         dirs = {name: root / name for name in ("sys", "dev", "registry", "plugins", "cdi", "nvidia")}
         for d in dirs.values():
             d.mkdir(parents=True, exist_ok=True)
-        render_node(profile, dirs["sys"], dirs["dev"])
+        render_node(profile, dirs["sys"], dirs["dev"], root / "proc", lazy_nodes=True)
         render_driver_files(dirs["nvidia"])
         state = root / "nvml-state.json"
         write_state(profile, state)
@@ -58,6 +60,11 @@ class SimNode:
             env_for(state),
         )
 
+    @property
+    def proc(self) -> Path:
+        """The simulated /proc: the kernel's majors and the NVIDIA driver's proc files."""
+        return self.root / "proc"
+
     def daemon_args(self, kubeconfig: Path, *extra: str) -> list[str]:
         return [
             sys.executable, "-m", "driver", "run",
@@ -69,6 +76,7 @@ class SimNode:
             "--cdi-root", str(self.cdi),
             "--sysfs-root", str(self.sysfs),
             "--dev-root", str(self.dev),
+            "--proc-root", str(self.proc),
             "--nvidia-driver-root", str(self.nvidia_root),
             "--nic-link-source", "sysfs",
             *extra,

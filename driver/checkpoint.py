@@ -4,6 +4,11 @@ The kubelet may send Unprepare to a different process than the one that prepared
 rolling update) and does not resend the claim, so everything unprepare needs lives here. The
 file is versioned and read leniently: a newer field never breaks an older reader, and a corrupt
 file is moved aside with an error instead of crash-looping the daemon.
+
+A file moved aside (or missing) loses the record of claims that may still be prepared: the
+checkpoint is then `incomplete`, and says so in the file (so the other instance of a rolling
+update and the next start know it too), until start-up reconciliation has rebuilt what is still
+in use from the files on disk and the API server (`mark_complete`).
 """
 
 from __future__ import annotations
@@ -129,6 +134,12 @@ class Checkpoint:
         self._mutex = threading.Lock()
         self._cache: tuple[tuple[int, int, int, int], dict[str, ClaimRecord]] | None = None
         self._cache_fd: int | None = None
+        self._incomplete = False
+
+    @property
+    def incomplete(self) -> bool:
+        """As of the last read: claims may be prepared that no record names (see the module docstring)."""
+        return self._incomplete
 
     def _locked(self) -> contextlib.AbstractContextManager[None]:
         return locked(self._mutex, self._lock_path)
@@ -142,6 +153,7 @@ class Checkpoint:
         try:
             st = self.path.stat()
         except FileNotFoundError:
+            self._incomplete = True  # never written, or moved aside: what is prepared is unknown
             return {}
         if self._cache is not None and self._cache[0] == _identity(st):
             return dict(self._cache[1])
@@ -174,18 +186,32 @@ class Checkpoint:
                     "checkpoint is from an earlier boot; its %d claims are no longer prepared",
                     len(raw.get("claims", {})),
                 )
+                self._incomplete = False  # nothing of an earlier boot is prepared now
                 return {}
-            return {uid: ClaimRecord.from_json(uid, c) for uid, c in raw.get("claims", {}).items()}
+            claims = {uid: ClaimRecord.from_json(uid, c) for uid, c in raw.get("claims", {}).items()}
+            self._incomplete = raw.get("incomplete") is True
+            return claims
         except FileNotFoundError:
+            self._incomplete = True
             return {}
         except Exception as e:  # any shape we cannot read: never a reason to crash-loop
             aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
             os.replace(self.path, aside)
-            log.error("checkpoint %s is unreadable (%s); moved aside to %s, starting empty", self.path, e, aside)
+            log.error(
+                "checkpoint %s is unreadable (%s); moved aside to %s; the prepared claims are rebuilt "
+                "at the next start-up from the files on disk and the API server",
+                self.path,
+                e,
+                aside,
+            )
+            self._incomplete = True
             return {}
 
     def _store(self, claims: dict[str, ClaimRecord]) -> None:
-        head = json.dumps({"version": FORMAT_VERSION, "bootID": self._boot_id}, separators=(",", ":"))
+        top: dict[str, Any] = {"version": FORMAT_VERSION, "bootID": self._boot_id}
+        if self._incomplete:
+            top["incomplete"] = True
+        head = json.dumps(top, separators=(",", ":"))
         body = ",".join(f"{json.dumps(uid)}:{c.json_text}" for uid, c in sorted(claims.items()))
         atomic_write(self.path, f'{head[:-1]},"claims":{{{body}}}}}'.encode(), mode=0o600)
         self._remember(claims)
@@ -193,6 +219,14 @@ class Checkpoint:
     def read(self) -> dict[str, ClaimRecord]:
         with self._locked():
             return self._load()
+
+    def mark_complete(self) -> None:
+        """Every prepared claim has its record again: drop the `incomplete` mark from the file."""
+        with self._locked():
+            claims = self._load()
+            if self._incomplete:
+                self._incomplete = False
+                self._store(claims)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[dict[str, ClaimRecord]]:

@@ -1,7 +1,9 @@
 """A prepared claim's devices as one transient CDI spec, and the CDI IDs the kubelet gets for them.
 
-Pure apart from `os.stat` of the device nodes (the spec carries their numbers so the runtime need
-not look them up): nothing is written here; the caller writes the spec with `cdi.write_spec`.
+Pure apart from the device nodes (`driver.device_nodes`): each is looked up on the host, so the
+spec carries its numbers and the runtime need not, and a missing NVIDIA node is made first as
+nvidia-modprobe would make it; a required node that can be neither found nor made fails the claim.
+Nothing else is written here; the caller writes the spec with `cdi.write_spec`.
 
 Layout (docs/reference/cdi.md, 'Conventions of DRA drivers'; NVIDIA's `k8s.gpu.nvidia.com/claim` pattern): kind `k8s.<driver>/claim`,
 file `k8s.<driver>-claim_<claimUID>.json`, one CDI device per prepared device named
@@ -34,49 +36,56 @@ asks the NVIDIA container runtime's legacy hook to inject GPUs on its own (NVIDI
 unset too); the second takes CUDA ordinals or UUIDs and would only repeat, or break, what the nodes
 already decide.
 
-RDMA (docs/reference/drivers.md, 'DRANET'): `/dev/infiniband/uverbs<N>` and `rdma_cm`; with `NicConfig.mad` also
-`umad<N>` and `issm<N>` (management datagrams, for `ibstat` and subnet tools, not NCCL).
+RDMA (docs/reference/drivers.md, 'DRANET'): `/dev/infiniband/uverbs<N>` and `rdma_cm`; with `NicConfig.mad` (from a
+DeviceClass only, see `driver.config_api`) also `umad<N>` and `issm<N>` (management datagrams, for
+`ibstat` and subnet tools, not NCCL). A NIC without a uverbs device (ib_uverbs not loaded) fails the
+claim: without it there is no RDMA.
 `NCCL_IB_HCA==<rdma>,...` (the leading `=` asks NCCL for exact names, so `mlx5_1` does not also
-select `mlx5_10`) and `UCX_NET_DEVICES=<rdma>:1,...` point the libraries at the claim's NICs (port 1:
-one PCI function of a ConnectX is one port). `NCCL_SOCKET_IFNAME` is not set, not even in
-exclusive mode: it picks NCCL's bootstrap (TCP) network, which is the cluster's choice, and an
-appended CDI variable cannot be overridden from the pod spec.
+select `mlx5_10`) and `UCX_NET_DEVICES=<rdma>:<port>,...` point the libraries at the claim's NICs,
+each at the RDMA port its netdev is on (as discovered; 1 for a ConnectX function, which has one
+port). `NCCL_SOCKET_IFNAME` is not set, not even in exclusive mode: it picks NCCL's bootstrap (TCP)
+network, which is the cluster's choice, and a variable set by CDI cannot be overridden from the
+pod spec.
 
-GPU-NIC pairing, when the claim has both and the GPU's `GpuConfig.pairNics` is on (the default):
-`TANDEM_GPU_NIC_PAIRS=<ordinal>:<rdma>,...`. The ordinal is the GPU's position in the claim's GPUs
+GPU-NIC pairing, when the GPUs' `GpuConfig.pairNics` is on (the default):
+`TANDEM_GPU_NIC_PAIRS=<ordinal>:<rdma>,...`. The ordinal is the GPU's position among the GPUs
 ordered by PCI bus ID (then MIG GI/CI), which is CUDA's PCI_BUS_ID order and, for identical GPUs,
 also its default order. Each GPU gets the NIC on the same PCIe root, else on the same NUMA node,
 else any; among equals the NIC serving the fewest GPUs so far, then the lowest PCI address; so
 the answer is deterministic and one NIC may serve several GPUs. `NCCL_IB_HCA` then lists NICs in
 order of first use by GPU 0, 1, ...
+
+These three variables describe the devices of **all the claims prepared together** (`pod_devices`:
+the kubelet sends a pod's unprepared claims of one driver in one NodePrepareResources call), and
+every one of those claims' specs carries the same values. A runtime replaces a variable by key, so
+per-claim values would leave a container that gets two claims with only one claim's NICs, and a
+GPU claim and a NIC claim of one pod unpaired. A container that gets only some of the pod's claims
+sees the lists for all of them (NCCL skips, with a warning, an HCA it cannot open). docs/scenarios.md says what this
+means for claims shared between pods.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import stat
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import cdi
 from driver.config_api import RequestConfig
+from driver.device_nodes import DeviceNodeError, DeviceNodes
 from driver.discovery.nvidia_files import DriverFiles
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind
 
 log = logging.getLogger(__name__)
 
 CLAIM_CLASS = "claim"
-DEVICE_NODE_PERMISSIONS = "rw"
 DRIVER_FILE_OPTIONS = ("ro", "nosuid", "nodev", "bind")
 GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-modeset")
 RDMA_CM = "infiniband/rdma_cm"
 DEVICE_ENV_PREFIX = "TANDEM_DEVICE_"
 PAIRS_ENV = "TANDEM_GPU_NIC_PAIRS"
-UCX_PORT = 1
 
 _GPU_KINDS = (DeviceKind.GPU, DeviceKind.MIG)
 _ENV_UNSAFE = re.compile(r"[^A-Z0-9_]")
@@ -114,36 +123,6 @@ def cdi_device_name(claim_uid: str, device_name: str, share_id: str | None = Non
 # -- device nodes ---------------------------------------------------------------------------------
 
 
-def _device_node(dev_root: Path, rel: str) -> cdi.DeviceNode | None:
-    """The node `/dev/<rel>`; None (logged) when it does not exist on the host.
-
-    Type and numbers come from the host node so the runtime need not stat it; a plain file (the
-    unprivileged simulation) gets neither and is left for the runtime to inspect.
-    """
-    host = dev_root / rel
-    container = f"/dev/{rel}"
-    try:
-        st = os.stat(host)
-    except FileNotFoundError:
-        log.info("device node %s does not exist; left out of the CDI spec", host)
-        return None
-    except OSError as e:
-        log.warning("device node %s cannot be inspected (%s); left out of the CDI spec", host, e)
-        return None
-    host_path = "" if str(host) == container else str(host)
-    if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode):
-        return cdi.DeviceNode(
-            path=container,
-            host_path=host_path,
-            type="c" if stat.S_ISCHR(st.st_mode) else "b",
-            major=os.major(st.st_rdev),
-            minor=os.minor(st.st_rdev),
-            file_mode=stat.S_IMODE(st.st_mode),
-            permissions=DEVICE_NODE_PERMISSIONS,
-        )
-    return cdi.DeviceNode(path=container, host_path=host_path, permissions=DEVICE_NODE_PERMISSIONS)
-
-
 def _node_paths(p: PlannedDevice) -> list[str]:
     """The device's own nodes, relative to /dev, in the order the container gets them."""
     d = p.device
@@ -151,15 +130,27 @@ def _node_paths(p: PlannedDevice) -> list[str]:
         if d.gpu is None:
             raise ClaimSpecError(f"device {d.name!r} has no GPU information")
         if d.kind == DeviceKind.MIG and not d.gpu.mig_caps:
-            log.warning("MIG device %s has no nvidia-caps access nodes: CUDA will not see it", d.name)
+            raise ClaimSpecError(
+                f"MIG device {d.name!r} has no nvidia-caps access minors (its capabilities under "
+                "--proc-root could not be read): CUDA would not see it"
+            )
         return [f"nvidia{d.gpu.minor}", *(f"nvidia-caps/nvidia-cap{c}" for c in d.gpu.mig_caps)]
     if d.kind == DeviceKind.NIC:
         if d.nic is None:
             raise ClaimSpecError(f"device {d.name!r} has no NIC information")
-        paths = [f"infiniband/{d.nic.uverbs}"] if d.nic.uverbs else []
-        paths.append(RDMA_CM)
+        if not d.nic.uverbs:
+            raise ClaimSpecError(
+                f"NIC {d.name!r} ({d.nic.rdma_device}) has no uverbs device in sysfs: the ib_uverbs kernel "
+                "module is not loaded, so it offers no RDMA"
+            )
+        paths = [f"infiniband/{d.nic.uverbs}", RDMA_CM]
         if p.config.nic.mad:
-            paths += [f"infiniband/{n}" for n in (d.nic.umad, d.nic.issm) if n]
+            if not (d.nic.umad and d.nic.issm):
+                raise ClaimSpecError(
+                    f"NIC {d.name!r} ({d.nic.rdma_device}) has no umad/issm device in sysfs: NicConfig.mad "
+                    "needs the ib_umad kernel module"
+                )
+            paths += [f"infiniband/{d.nic.umad}", f"infiniband/{d.nic.issm}"]
         return paths
     raise ClaimSpecError(f"device {d.name!r} has unsupported kind {d.kind!r}")
 
@@ -168,8 +159,8 @@ def _node_paths(p: PlannedDevice) -> list[str]:
 
 
 class _Env:
-    """Every key once across the whole spec: a runtime appends env lists, so a repeated key would
-    leave the process with two values and the winner up to the program reading them."""
+    """Every key once across the whole spec: a runtime replaces a variable by key, in the order it
+    applies the edits, so a repeated key would silently keep only one of the values."""
 
     def __init__(self) -> None:
         self._owner: dict[str, str] = {}
@@ -251,7 +242,9 @@ def _unique_devices(planned: Sequence[PlannedDevice], kinds: tuple[DeviceKind, .
 
 
 def _network_env(planned: Sequence[PlannedDevice], env: _Env) -> list[str]:
-    gpus = sorted(_unique_devices(planned, _GPU_KINDS), key=lambda p: _gpu_order(p.device))
+    """Pairing and NIC lists for the devices of every claim prepared together (module docstring)."""
+    gpus = [p for p in _unique_devices(planned, _GPU_KINDS) if p.device.gpu is not None]
+    gpus.sort(key=lambda p: _gpu_order(p.device))
     nics = [p.device for p in _unique_devices(planned, (DeviceKind.NIC,)) if p.device.nic and p.device.nic.rdma_device]
     if not nics:
         return []
@@ -260,19 +253,24 @@ def _network_env(planned: Sequence[PlannedDevice], env: _Env) -> list[str]:
     pairing = [(i, p.device) for i, p in enumerate(gpus) if p.config.gpu.pair_nics]
     if pairing:
         chosen = pair_gpus_with_nics([d for _, d in pairing], nics)
-        # ordinals of the paired GPUs among all the claim's GPUs, not among the paired ones
+        # ordinals of the paired GPUs among all the GPUs, not among the paired ones
         pairs = [(pairing[i][0], nic) for i, nic in chosen]
         out.append(env.entry(PAIRS_ENV, ",".join(f"{i}:{_rdma(n)}" for i, n in pairs), "GPU-NIC pairing"))
         first_use = list(dict.fromkeys(n.name for _, n in pairs))
         order.sort(key=lambda n: first_use.index(n.name) if n.name in first_use else len(first_use))
-    out.append(env.entry("NCCL_IB_HCA", "=" + ",".join(_rdma(n) for n in order), "claim NICs"))
-    out.append(env.entry("UCX_NET_DEVICES", ",".join(f"{_rdma(n)}:{UCX_PORT}" for n in order), "claim NICs"))
+    out.append(env.entry("NCCL_IB_HCA", "=" + ",".join(_rdma(n) for n in order), "NICs"))
+    out.append(env.entry("UCX_NET_DEVICES", ",".join(f"{_rdma(n)}:{_port(n)}" for n in order), "NICs"))
     return out
 
 
 def _rdma(d: Device) -> str:
     assert d.nic is not None
     return d.nic.rdma_device
+
+
+def _port(d: Device) -> int:
+    assert d.nic is not None
+    return d.nic.port
 
 
 def _net_devices(planned: Sequence[PlannedDevice]) -> dict[int, cdi.NetDevice]:
@@ -301,14 +299,19 @@ def claim_spec(
     driver_name: str,
     claim_uid: str,
     planned: Sequence[PlannedDevice],
-    dev_root: Path,
+    device_nodes: DeviceNodes,
     driver_files: DriverFiles,
+    pod_devices: Sequence[PlannedDevice] | None = None,
 ) -> tuple[cdi.Spec | None, dict[str, list[str]]]:
     """The claim's CDI spec and, per device name, its CDI IDs (None and {} for no devices).
 
+    `pod_devices` are the devices of every claim prepared together with this one, its own
+    included; the pairing and NIC variables describe them (module docstring). None: this claim's.
+
     A device planned several times (different share IDs) gets one CDI device and one ID per entry,
     all listed under its name in planned order. Raises `ClaimSpecError` for devices that cannot be
-    given to one container together, `cdi.SpecError` for names CDI cannot carry.
+    given to one container together or whose device nodes cannot be had, `cdi.SpecError` for names
+    CDI cannot carry.
     """
     if not planned:
         return None, {}
@@ -325,7 +328,10 @@ def claim_spec(
     def node_list(paths: Sequence[str]) -> list[cdi.DeviceNode]:
         for rel in paths:
             if rel not in nodes:
-                nodes[rel] = _device_node(dev_root, rel)
+                try:
+                    nodes[rel] = device_nodes.node(rel)
+                except DeviceNodeError as e:
+                    raise ClaimSpecError(str(e)) from e
         return [n for rel in paths if (n := nodes[rel]) is not None]
 
     devices: list[cdi.Device] = []
@@ -348,7 +354,7 @@ def claim_spec(
             for container, host in {c: h for h, c in driver_files.mounts}.items()
         ]
     spec_edits = cdi.ContainerEdits(
-        env=tuple(_network_env(planned, env)),
+        env=tuple(_network_env(planned if pod_devices is None else pod_devices, env)),
         device_nodes=tuple(node_list(spec_paths)),
         mounts=tuple(mounts),
     )

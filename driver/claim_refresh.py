@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
 from driver.claim_cdi import PlannedDevice
-from driver.claim_status import network_data, status_entries
+from driver.claim_status import current_devices, network_data, status_entries
 from driver.claims import ClaimAPI, ClaimLocks, PrepareSettings
 from driver.config_api import RequestConfig
 from driver.logs import log_context
@@ -52,7 +52,7 @@ class NetworkDataRefresh:
         """
         updated = 0
         for uid in list(self._checkpoint.read()):
-            with self._locks.get(uid), log_context(claim=uid, op="refresh"):
+            with self._locks.hold(uid), log_context(claim=uid, op="refresh"):
                 record = self._checkpoint.read().get(uid)
                 if record is None or record.state != STATE_COMPLETED:
                     continue
@@ -84,10 +84,12 @@ class NetworkDataRefresh:
                 self._metadata.update(record.namespace, record.name, record.uid, request, devices)
             except (OSError, MetadataError) as e:
                 log.warning("device metadata of request %s not updated: %s", request, e)
+        claim = self._api.get_claim(record.namespace, record.name)
+        current = current_devices(claim) if (claim.get("metadata") or {}).get("uid") == record.uid else []
         self._api.apply_claim_status(
             record.namespace,
             record.name,
-            status_entries(self._s, fresh, rfc3339()),
+            status_entries(self._s, fresh, rfc3339(), current),
             field_manager=self._s.driver_name,
             uid=record.uid,
         )

@@ -2,7 +2,9 @@
 and for a NIC its `networkData` (interface name, MAC, addresses) as the pod will see it.
 
 Written by server-side apply with the driver's own field manager, so only our entries change
-(docs/reference/resource-api.md, 'Writing claim status').
+(docs/reference/resource-api.md, 'Writing claim status'). Every apply sends the whole entry, so
+the Ready condition's `lastTransitionTime` is carried over from the status as last read: it says
+when the device became ready and must change only when the condition's status does.
 """
 
 from __future__ import annotations
@@ -37,7 +39,11 @@ def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
     return out
 
 
-def status_entries(settings: PrepareSettings, records: Sequence[DeviceRecord], now: str) -> list[dict[str, Any]]:
+def status_entries(
+    settings: PrepareSettings, records: Sequence[DeviceRecord], now: str, current: Sequence[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Our entries for `records`; `current` is the claim's `status.devices` as last read."""
+    ready_since = _ready_since(settings, current)
     out = []
     for r in records:
         entry: dict[str, Any] = {
@@ -50,7 +56,7 @@ def status_entries(settings: PrepareSettings, records: Sequence[DeviceRecord], n
                     "status": "True",
                     "reason": "Prepared",
                     "message": f"prepared on node {settings.pool}",
-                    "lastTransitionTime": now,
+                    "lastTransitionTime": ready_since.get((r.device, r.share_id), now),
                 }
             ],
         }
@@ -60,3 +66,21 @@ def status_entries(settings: PrepareSettings, records: Sequence[DeviceRecord], n
             entry["networkData"] = r.network_data
         out.append(entry)
     return out
+
+
+def _ready_since(settings: PrepareSettings, current: Sequence[dict[str, Any]]) -> dict[tuple[Any, Any], str]:
+    """(device, share ID) -> when our Ready condition of that device became True."""
+    out = {}
+    for entry in current:
+        if entry.get("driver") != settings.driver_name or entry.get("pool") != settings.pool:
+            continue
+        for c in entry.get("conditions") or []:
+            since = c.get("lastTransitionTime")
+            if c.get("type") == "Ready" and c.get("status") == "True" and isinstance(since, str):
+                out[(entry.get("device"), entry.get("shareID"))] = since
+    return out
+
+
+def current_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    """A claim object's `status.devices` (every driver's entries)."""
+    return list((claim.get("status") or {}).get("devices") or [])

@@ -8,7 +8,9 @@ network-data refresh, which also share the per-claim locks (`ClaimLocks`).
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -28,11 +30,15 @@ class ClaimRef:
 
 
 class ClaimAPI(Protocol):
+    """What the prepare path needs of the API server (`driver.kubeapi.KubeAPI`)."""
+
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, uid: str = ""
-    ) -> None: ...
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+    ) -> None:
+        """`uid` is required: with it the server refuses to write to a claim that was deleted and
+        recreated under the same name, so a late call about the old claim cannot touch the new one."""
 
 
 class ClaimError(Exception):
@@ -45,6 +51,8 @@ class PrepareSettings:
     pool: str  # this node's pool = node name
     cdi_root: Path
     dev_root: Path
+    # The kernel's device majors and the NVIDIA driver's proc files, for making missing device nodes.
+    proc_root: Path = Path("/proc")
 
 
 def validate_ref(ref: ClaimRef) -> None:
@@ -98,19 +106,48 @@ def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, po
     return list(by_device.values())
 
 
+class _ClaimLock:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0  # threads holding or waiting for `lock`; changed under ClaimLocks._guard
+
+
 class ClaimLocks:
     """One lock per claim UID: calls about different claims run in parallel, calls about one claim
-    (prepare, unprepare, a network-data refresh) one after the other."""
+    (prepare, unprepare, a network-data refresh) one after the other.
+
+    A lock lives in the table exactly as long as some thread holds it or waits for it, so the
+    table stays as small as the number of claims being worked on, and no caller can ever get a
+    fresh lock while another thread still holds or awaits the old one of the same claim.
+    """
 
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, _ClaimLock] = {}
         self._guard = threading.Lock()
 
-    def get(self, uid: str) -> threading.Lock:
+    @contextlib.contextmanager
+    def hold(self, uid: str) -> Iterator[None]:
         with self._guard:
-            return self._locks.setdefault(uid, threading.Lock())
+            entry = self._locks.setdefault(uid, _ClaimLock())
+            entry.users += 1
+        try:
+            with entry.lock:
+                yield
+        finally:
+            with self._guard:
+                entry.users -= 1
+                if entry.users == 0:
+                    del self._locks[uid]
 
-    def forget(self, uid: str) -> None:
-        """The claim is gone (unprepared): its lock is no longer needed."""
+    @contextlib.contextmanager
+    def hold_all(self, uids: Iterable[str]) -> Iterator[None]:
+        """Every claim's lock, taken in UID order, so that two callers holding several never deadlock."""
+        with contextlib.ExitStack() as stack:
+            for uid in sorted(set(uids)):
+                stack.enter_context(self.hold(uid))
+            yield
+
+    def held(self) -> set[str]:
+        """The claims some thread holds or waits for now (for tests and diagnostics)."""
         with self._guard:
-            self._locks.pop(uid, None)
+            return set(self._locks)

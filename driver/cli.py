@@ -8,121 +8,246 @@ A bad value is a one-line error and exit code 2, never a traceback.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
-from driver.config import Config, ConfigError, parse_device_kinds, parse_xids
+from driver.config import Config, ConfigError, NicExclusions, parse_device_kinds, parse_xids
 from driver.health import parse_taint_effects
 
 EXIT_USAGE = 2
 
 
+@dataclass(frozen=True)
+class _FromEnv:
+    """Where a flag not given on the command line takes its value: the environment variable `env`
+    (unset or empty: `default`), turned into the flag's value by `convert`."""
+
+    dest: str
+    flag: str
+    env: str
+    default: str
+    convert: Callable[[str], Any]
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse prints usage plus an error; we want exactly one line an SRE can read in a pod log."""
+    """argparse prints usage plus an error; we want exactly one line an SRE can read in a pod log.
+
+    Environment values are converted after parsing, by the same function as a command-line value,
+    so a bad one is the same one-line error (naming the variable) and never a traceback at start.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.env_flags: list[_FromEnv] = []
 
     def error(self, message: str) -> NoReturn:
         sys.stderr.write(f"{self.prog}: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        ns, rest = super().parse_known_args(args, namespace)
+        for f in self.env_flags:
+            if getattr(ns, f.dest, None) is not None:
+                continue
+            raw = os.environ.get(f.env, "") or f.default
+            try:
+                setattr(ns, f.dest, f.convert(raw))
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                self.error(f"argument {f.flag} (from {f.env}={raw!r}): {e}")
+        return ns, rest
 
-def _env(name: str, default: str) -> str:
-    return os.environ.get(name, default)
+
+def _flag(p: _Parser, *names: str, env: str, default: str, help: str, convert: Callable[[str], Any] = str,
+          **kwargs: Any) -> None:  # fmt: skip
+    """A flag that falls back to `env`. Without an explicit action the command-line value goes
+    through `convert` as well; actions (count, append, store_const) say how to convert the
+    environment's text in `convert`."""
+    if "action" not in kwargs:
+        kwargs["type"] = convert
+    action = p.add_argument(*names, default=None, help=f"{help} ({env})", **kwargs)
+    p.env_flags.append(_FromEnv(action.dest, "/".join(names), env, default, convert))
 
 
-def _add_socket_flags(p: argparse.ArgumentParser) -> None:
+def _number(text: str) -> float:
+    """A finite number (range checks are the Config's): `nan` and `inf` are not periods."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a verbosity level (0, 1, 2, ...)")
+    return int(text)
+
+
+def _boolean(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean (true/false, 1/0, yes/no)")
+
+
+def _comma_list(text: str) -> list[str]:
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def convert(text: str) -> str:
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r} is not one of: {', '.join(choices)}")
+        return text
+
+    convert.__name__ = "choice"
+    return convert
+
+
+def _add_socket_flags(p: _Parser) -> None:
     """The flags that decide the socket names; shared by `run` and `liveness` so both agree."""
-    add = p.add_argument
-    add("--driver-name", default=_env("DRIVER_NAME", "tandem.dev"), help="DRA driver name (DRIVER_NAME)")
-    add(
+    _flag(p, "--driver-name", env="DRIVER_NAME", default="tandem.dev", help="DRA driver name")
+    _flag(
+        p,
         "--kubelet-registrar-dir",
-        default=_env("KUBELET_REGISTRAR_DIRECTORY_PATH", "/var/lib/kubelet/plugins_registry"),
-        help="kubelet plugin registry directory (KUBELET_REGISTRAR_DIRECTORY_PATH)",
+        env="KUBELET_REGISTRAR_DIRECTORY_PATH",
+        default="/var/lib/kubelet/plugins_registry",
+        help="kubelet plugin registry directory",
     )
-    add("--pod-uid", default=_env("POD_UID", ""), help="this pod's UID, enables rolling-update sockets (POD_UID)")
+    _flag(p, "--pod-uid", env="POD_UID", default="", help="this pod's UID, enables rolling-update sockets")
 
 
-def _add_run_flags(p: argparse.ArgumentParser) -> None:
-    add = p.add_argument
-    add("--node-name", default=_env("NODE_NAME", ""), help="this node's name (NODE_NAME, required)")
-    add("--kubeconfig", default=_env("KUBECONFIG", ""), help="kubeconfig path; default in-cluster (KUBECONFIG)")
+def _add_run_flags(p: _Parser) -> None:
+    _flag(p, "--node-name", env="NODE_NAME", default="", help="this node's name, required")
+    _flag(p, "--kubeconfig", env="KUBECONFIG", default="", help="kubeconfig path; default in-cluster")
     _add_socket_flags(p)
-    add(
+    _flag(
+        p,
         "--kubelet-plugins-dir",
-        default=_env("KUBELET_PLUGINS_DIRECTORY_PATH", "/var/lib/kubelet/plugins"),
-        help="parent of the driver's data dir <it>/<driver-name> (KUBELET_PLUGINS_DIRECTORY_PATH)",
+        env="KUBELET_PLUGINS_DIRECTORY_PATH",
+        default="/var/lib/kubelet/plugins",
+        help="parent of the driver's data dir <it>/<driver-name>",
     )
-    add("--cdi-root", default=_env("CDI_ROOT", "/var/run/cdi"), help="CDI spec directory (CDI_ROOT)")
-    add("--sysfs-root", default=_env("SYSFS_ROOT", "/sys"), help="sysfs mount (SYSFS_ROOT)")
-    add("--dev-root", default=_env("DEV_ROOT", "/dev"), help="where device nodes are found (DEV_ROOT)")
-    add(
+    _flag(p, "--cdi-root", env="CDI_ROOT", default="/var/run/cdi", help="CDI spec directory")
+    _flag(p, "--sysfs-root", env="SYSFS_ROOT", default="/sys", help="sysfs mount")
+    _flag(p, "--dev-root", env="DEV_ROOT", default="/dev", help="where device nodes are found and made")
+    _flag(
+        p,
+        "--proc-root",
+        env="PROC_ROOT",
+        default="/proc",
+        help="procfs mount: the kernel's device majors and the NVIDIA driver's proc files",
+    )
+    _flag(
+        p,
         "--nvidia-driver-root",
-        default=_env("NVIDIA_DRIVER_ROOT", "/"),
-        help="root of the NVIDIA user-space driver files, as the daemon sees it (NVIDIA_DRIVER_ROOT)",
+        env="NVIDIA_DRIVER_ROOT",
+        default="/",
+        help="root of the NVIDIA user-space driver files, as the daemon sees it",
     )
-    add(
+    _flag(
+        p,
         "--nvidia-driver-root-host",
-        default=_env("NVIDIA_DRIVER_ROOT_HOST", ""),
+        env="NVIDIA_DRIVER_ROOT_HOST",
+        default="",
         help="the same root on the host, where the container runtime resolves CDI mounts; "
-        "default: --nvidia-driver-root (NVIDIA_DRIVER_ROOT_HOST)",
+        "default: --nvidia-driver-root",
     )
-    add("--device-kinds", default=_env("DEVICE_KINDS", "gpu,nic"), help="kinds to serve: gpu,nic (DEVICE_KINDS)")
-    add(
+    _flag(p, "--device-kinds", env="DEVICE_KINDS", default="gpu,nic", help="kinds to serve: gpu,nic")
+    _flag(
+        p,
         "--list-attributes",
-        action="store_true",
-        default=_env("LIST_ATTRIBUTES", "") in ("1", "true", "yes"),
-        help="publish list-typed attributes (needs the DRAListTypeAttributes gate) (LIST_ATTRIBUTES)",
+        env="LIST_ATTRIBUTES",
+        default="false",
+        convert=_boolean,
+        action="store_const",
+        const=True,
+        help="publish list-typed attributes (needs the DRAListTypeAttributes gate)",
     )
-    add(
+    _flag(
+        p,
         "--rediscover-period",
-        type=float,
-        default=float(_env("REDISCOVER_PERIOD", "60")),
-        help="seconds between full rediscoveries (REDISCOVER_PERIOD)",
+        env="REDISCOVER_PERIOD",
+        default="60",
+        convert=_number,
+        help="seconds between full rediscoveries",
     )
-    add("--metrics-address", default=_env("METRICS_ADDRESS", ""), help="HOST:PORT for Prometheus metrics")
-    add(
+    _flag(p, "--metrics-address", env="METRICS_ADDRESS", default="", help="HOST:PORT for Prometheus metrics")
+    _flag(
+        p,
         "--ignored-xids",
-        default=_env("IGNORED_XIDS", ""),
-        help="XIDs to treat as application errors, besides 13,31,43,45,68,109 (IGNORED_XIDS)",
+        env="IGNORED_XIDS",
+        default="",
+        help="XIDs to treat as application errors, besides 13,31,43,45,68,109",
     )
-    add(
+    _flag(
+        p,
         "--taint-effect",
+        env="TAINT_EFFECTS",
+        default="",
+        convert=_comma_list,
         action="append",
-        default=[t for t in _env("TAINT_EFFECTS", "").split(",") if t],
         metavar="KEY=EFFECT",
-        help="override a health taint's effect, e.g. tandem.dev/xid=NoExecute; repeatable (TAINT_EFFECTS)",
+        help="override a health taint's effect, e.g. tandem.dev/xid=NoExecute; repeatable "
+        "(the environment's list is comma-separated)",
     )
-    add(
+    _flag(
+        p,
         "--health-quiet-period",
-        type=float,
-        default=float(_env("HEALTH_QUIET_PERIOD", "600")),
-        help="seconds without a new XID/ECC event before its taint clears (HEALTH_QUIET_PERIOD)",
+        env="HEALTH_QUIET_PERIOD",
+        default="600",
+        convert=_number,
+        help="seconds without a new XID/ECC event before its taint clears",
     )
-    add(
+    _flag(
+        p,
         "--link-debounce",
-        type=float,
-        default=float(_env("LINK_DEBOUNCE", "2")),
-        help="seconds a NIC link change must hold before its taint or published state changes (LINK_DEBOUNCE)",
+        env="LINK_DEBOUNCE",
+        default="2",
+        convert=_number,
+        help="seconds a NIC link change must hold before its taint or published state changes",
     )
-    add(
+    _flag(
+        p,
         "--netns",
-        default=_env("NETNS", ""),
-        help="network namespace (name under /var/run/netns) whose NICs to serve; default: the daemon's own (NETNS)",
+        env="NETNS",
+        default="",
+        help="network namespace (name under /var/run/netns) whose NICs to serve; default: the daemon's own",
     )
-    add(
+    _flag(
+        p,
+        "--exclude-nics",
+        env="EXCLUDE_NICS",
+        default="",
+        metavar="PATTERNS",
+        help="NICs never to publish, comma-separated: netdev names or PCI addresses, shell-style globs "
+        "allowed (eth*, 0000:3b:00.*)",
+    )
+    _flag(
+        p,
         "--nic-link-source",
-        choices=("netlink", "sysfs"),
-        default=_env("NIC_LINK_SOURCE", "netlink"),
-        help="NIC link facts from netlink (real nodes) or sysfs only (simulated nodes) (NIC_LINK_SOURCE)",
+        env="NIC_LINK_SOURCE",
+        default="netlink",
+        convert=_choice("netlink", "sysfs"),
+        help="NIC link facts from netlink (real nodes) or sysfs only (simulated nodes)",
     )
     _add_log_flags(p)
 
 
-def _add_log_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-v", "--verbose", action="count", default=int(_env("VERBOSITY", "0") or 0))
-    p.add_argument("--log-format", choices=("text", "json"), default=_env("LOG_FORMAT", "text"), help="(LOG_FORMAT)")
+def _add_log_flags(p: _Parser) -> None:
+    _flag(p, "-v", "--verbose", env="VERBOSITY", default="0", convert=_count, action="count", help="more logging")
+    _flag(p, "--log-format", env="LOG_FORMAT", default="text", convert=_choice("text", "json"), help="text or json")
 
 
 def config_from_args(ns: argparse.Namespace) -> Config:
@@ -135,6 +260,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         cdi_root=Path(ns.cdi_root),
         sysfs_root=Path(ns.sysfs_root),
         dev_root=Path(ns.dev_root),
+        proc_root=Path(ns.proc_root),
         nvidia_driver_root=Path(ns.nvidia_driver_root),
         nvidia_driver_root_host=Path(ns.nvidia_driver_root_host) if ns.nvidia_driver_root_host else None,
         pod_uid=ns.pod_uid,
@@ -144,6 +270,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         metrics_address=ns.metrics_address,
         nic_link_source=ns.nic_link_source,
         netns=ns.netns,
+        exclude_nics=NicExclusions.parse(ns.exclude_nics),
         ignored_xids=parse_xids(ns.ignored_xids),
         taint_effects=tuple(ns.taint_effect),
         health_quiet_period=ns.health_quiet_period,
@@ -159,12 +286,16 @@ def config_from_args(ns: argparse.Namespace) -> Config:
 def driver_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tandem-driver", description="Tandem DRA driver for NVIDIA GPUs and RDMA NICs")
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
-    _add_run_flags(sub.add_parser("run", help="run the node daemon (default)"))
-    live = sub.add_parser("liveness", help="probe a running daemon through its kubelet sockets (exit 0 = alive)")
+
+    def command(name: str, help: str) -> _Parser:
+        return cast(_Parser, sub.add_parser(name, help=help))
+
+    _add_run_flags(command("run", "run the node daemon (default)"))
+    live = command("liveness", "probe a running daemon through its kubelet sockets (exit 0 = alive)")
     _add_socket_flags(live)
-    live.add_argument("--timeout", type=float, default=5.0)
+    live.add_argument("--timeout", type=_number, default=5.0, help="seconds to wait for each call")
     _add_log_flags(live)
-    demo = sub.add_parser("demo", help="run the whole driver on a simulated cluster and node")
+    demo = command("demo", "run the whole driver on a simulated cluster and node")
     demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
     _add_log_flags(demo)
     return p

@@ -6,7 +6,10 @@ one-line error at start-up instead of a failure deep inside a prepare call.
 
 from __future__ import annotations
 
+import fnmatch
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +31,51 @@ def is_uid(value: str) -> bool:
     return bool(_UID.fullmatch(value))
 
 
+# A netdev name (IFNAMSIZ 16 with the NUL) or PCI address pattern: glob characters allowed, no
+# separators, whitespace or path characters.
+_NETDEV_PATTERN = re.compile(r"^[^\s/,:]{1,64}$")
+_PCI_PATTERN = re.compile(r"^[0-9a-f*?\[\]!:.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class NicExclusions:
+    """`--exclude-nics`: the NICs an operator keeps out (storage or management ports, VFs another
+    operator owns). Each pattern is a shell-style glob; one with a `:` matches the PCI address
+    (lower case, `0000:3b:00.1`, `0000:3b:00.*`), any other the netdev names (`eth*`, `ens1f1np1`).
+    A NIC is out when any pattern matches its PCI address or any of its netdevs' names.
+    """
+
+    patterns: tuple[str, ...] = ()
+
+    @classmethod
+    def parse(cls, text: str) -> NicExclusions:
+        """`eth*,0000:3b:00.1` -> the patterns; ConfigError naming a malformed one."""
+        patterns = []
+        for part in (p.strip() for p in text.split(",")):
+            if not part:
+                continue
+            is_pci = ":" in part
+            if not (_PCI_PATTERN if is_pci else _NETDEV_PATTERN).fullmatch(part.lower() if is_pci else part):
+                what = "PCI address (0000:3b:00.1, globs allowed)" if is_pci else "netdev name or glob"
+                raise ConfigError(f"--exclude-nics: {part!r} is not a {what}")
+            patterns.append(part.lower() if is_pci else part)
+        return cls(tuple(patterns))
+
+    def match(self, pci_address: str, netdevs: Iterable[str] = ()) -> str | None:
+        """The first pattern that excludes this NIC (for the log), or None."""
+        names = tuple(netdevs)
+        for pattern in self.patterns:
+            if ":" in pattern:
+                if fnmatch.fnmatchcase(pci_address.lower(), pattern):
+                    return pattern
+            elif any(fnmatch.fnmatchcase(n, pattern) for n in names):
+                return pattern
+        return None
+
+
+NO_EXCLUSIONS = NicExclusions()
+
+
 @dataclass(frozen=True)
 class Config:
     node_name: str
@@ -38,6 +86,7 @@ class Config:
     cdi_root: Path = Path("/var/run/cdi")
     sysfs_root: Path = Path("/sys")
     dev_root: Path = Path("/dev")
+    proc_root: Path = Path("/proc")
     nvidia_driver_root: Path = Path("/")
     # The same root as the container runtime sees it on the host (CDI host paths); None = same path.
     nvidia_driver_root_host: Path | None = None
@@ -51,6 +100,7 @@ class Config:
     nic_link_source: str = "netlink"
     # Network namespace whose NICs to serve (a name under /var/run/netns); empty = the daemon's own.
     netns: str = ""
+    exclude_nics: NicExclusions = NO_EXCLUSIONS
     # Health policy: XIDs that are the application's fault, per-key taint effects (KEY=EFFECT),
     # how long a transient GPU condition must stay quiet before its taint clears, link debounce.
     ignored_xids: frozenset[int] = frozenset()
@@ -73,6 +123,8 @@ class Config:
                 f"--driver-name {self.driver_name!r} must be a lower-case DNS subdomain of at most "
                 f"{DRIVER_NAME_MAX} characters in a domain you own, e.g. tandem.dev"
             )
+        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
+            raise ConfigError(f"--kubeconfig {self.kubeconfig!r} is not a file")
         if self.pod_uid and not is_uid(self.pod_uid):
             raise ConfigError(f"--pod-uid {self.pod_uid!r} is not a valid pod UID")
         for flag, path in (
@@ -81,6 +133,7 @@ class Config:
             ("--cdi-root", self.cdi_root),
             ("--sysfs-root", self.sysfs_root),
             ("--dev-root", self.dev_root),
+            ("--proc-root", self.proc_root),
             ("--nvidia-driver-root", self.nvidia_driver_root),
             ("--nvidia-driver-root-host", self.nvidia_driver_root_host or Path("/")),
         ):
@@ -88,16 +141,21 @@ class Config:
                 raise ConfigError(f"{flag} {str(path)!r} must be an absolute path")
         if not self.device_kinds:
             raise ConfigError("--device-kinds must name at least one of: gpu, nic")
-        if self.rediscover_period <= 0:
-            raise ConfigError("--rediscover-period must be positive")
-        if self.health_quiet_period <= 0 or self.link_debounce < 0:
-            raise ConfigError("--health-quiet-period must be positive and --link-debounce not negative")
+        for flag, seconds, allow_zero in (
+            ("--rediscover-period", self.rediscover_period, False),
+            ("--health-quiet-period", self.health_quiet_period, False),
+            ("--link-debounce", self.link_debounce, True),
+        ):
+            if not (math.isfinite(seconds) and (seconds >= 0 if allow_zero else seconds > 0)):  # NaN fails too
+                rule = "zero or more" if allow_zero else "more than zero"
+                raise ConfigError(f"{flag} {seconds} must be a finite number of seconds, {rule}")
         if self.netns and not (re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.netns) and self.netns not in (".", "..")):
             raise ConfigError(f"--netns {self.netns!r} must be the name of a namespace under /var/run/netns")
         if self.nic_link_source not in ("netlink", "sysfs"):
             raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
-        if self.metrics_address and not _LISTEN.fullmatch(self.metrics_address):
-            raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT")
+        listen = _LISTEN.fullmatch(self.metrics_address)
+        if self.metrics_address and not (listen and int(listen["port"]) <= 65535):
+            raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT (port 0-65535)")
         return self
 
 

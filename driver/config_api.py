@@ -4,6 +4,12 @@ Users put these in a DeviceClass or a ResourceClaim (`spec.devices.config[].opaq
 scheduler copies them into the allocation. Decoding is strict - an unknown or mistyped field is
 an error naming the field, because a silently ignored `mode: exclusiv` is worse than a failed pod.
 Class configs apply before claim configs, in list order; later entries win field by field.
+
+Some fields grant more than a device: `NicConfig.mad` exposes `umad`/`issm`, with which a pod
+can act as an InfiniBand subnet manager and undo partition isolation for the whole fabric. Any
+namespace user writes claims, only cluster admins write DeviceClasses, so such fields are accepted
+only from class configuration (allocation config `source: FromClass`); in any other entry they
+fail the claim.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ class ConfigDecodeError(ValueError):
 
 @dataclass(frozen=True)
 class GpuConfig:
-    # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claim also holds NICs.
+    # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claims prepared with it hold NICs.
     pair_nics: bool = True
 
 
@@ -44,6 +50,11 @@ _FIELDS: dict[str, dict[str, tuple[str, type]]] = {
     "GpuConfig": {"pairNics": ("pair_nics", bool)},
     "NicConfig": {"mode": ("mode", str), "interfaceName": ("interface_name", str), "mad": ("mad", bool)},
 }
+# Fields only a DeviceClass may set, and why (see the module docstring).
+_CLASS_ONLY: dict[tuple[str, str], str] = {
+    ("NicConfig", "mad"): "umad/issm let a pod act as an InfiniBand subnet manager for the whole fabric",
+}
+FROM_CLASS = "FromClass"
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,11 @@ def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
         attr, typ = _FIELDS[kind][key]
         if type(value) is not typ:
             raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {typ.__name__}, got {type(value).__name__}")
+        why = _CLASS_ONLY.get((kind, key))
+        if why and entry.source != FROM_CLASS:
+            raise ConfigDecodeError(
+                f"{where}: {kind}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
+            )
         out[attr] = value
     if kind == "NicConfig":
         if "mode" in out and out["mode"] not in NIC_MODES:
@@ -99,7 +115,7 @@ def _applies(entry: OpaqueEntry, request: str) -> bool:
 
 def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
     """The effective config of one request: class configs first, then claim configs, later wins."""
-    ordered = sorted(entries, key=lambda e: (e.source != "FromClass", e.index))
+    ordered = sorted(entries, key=lambda e: (e.source != FROM_CLASS, e.index))
     cfg = RequestConfig()
     for entry in ordered:
         kind, values = _decode(entry)  # decode every entry, so a bad one fails even if unused

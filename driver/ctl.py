@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from driver.health.gpu_release import RELEASE_TIMEOUT
 from driver.status_socket import status_socket_path
 
 EXIT_OK = 0
@@ -135,8 +136,9 @@ def _parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(
         prog="tandemctl",
-        description="Inspect and cordon the Tandem DRA driver's devices on this node (asks the running daemon)",
-        epilog="exit codes: 0 ok/healthy, 1 degraded or request refused, 2 daemon unreachable",
+        description="Inspect, cordon and release the Tandem DRA driver's devices on this node (asks the running daemon)",
+        epilog="exit codes: 0 ok/healthy, 1 degraded or request refused, 2 daemon unreachable; "
+        "usage errors exit 2 as well",
     )
     p.add_argument("--driver-name", default=env("DRIVER_NAME", "tandem.dev"), help="(DRIVER_NAME)")
     p.add_argument(
@@ -159,6 +161,19 @@ def _parser() -> argparse.ArgumentParser:
     cordon.add_argument("--by", default=env("SUDO_USER") or env("USER") or "", help="who (default $SUDO_USER or $USER)")
     uncordon = sub.add_parser("uncordon", help="return a cordoned device to scheduling")
     uncordon.add_argument("device")
+    release = sub.add_parser(
+        "release",
+        help="make the daemon let go of a GPU (before nvidia-smi -r) or of NVML (--all, before a driver "
+        "upgrade); it stays unmonitored and tainted until reacquired, across restarts",
+    )
+    reacquire = sub.add_parser("reacquire", help="take back a released GPU, or everything (--all)")
+    for q in (release, reacquire):
+        q.add_argument("device", nargs="?", default="", help="a GPU's device, or one of its MIG devices")
+        q.add_argument("--all", action="store_true", help="all of NVML instead of one GPU")
+    release.add_argument("--reason", required=True, help="why, for whoever looks next (at most 256 characters)")
+    release.add_argument(
+        "--by", default=env("SUDO_USER") or env("USER") or "", help="who (default $SUDO_USER or $USER)"
+    )
     return p
 
 
@@ -171,6 +186,11 @@ def _run(ns: argparse.Namespace, sock: Path) -> int:
     elif ns.command == "cordon":
         body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
         status, doc = request(sock, "POST", "/cordon", body, ns.timeout)
+    elif ns.command == "release":  # answers once NVML let go: allow for the daemon's whole wait
+        body = {"device": ns.device, "all": ns.all, "reason": ns.reason, "by": ns.by}
+        status, doc = request(sock, "POST", "/release", body, max(ns.timeout, RELEASE_TIMEOUT + 10))
+    elif ns.command == "reacquire":
+        status, doc = request(sock, "POST", "/reacquire", {"device": ns.device, "all": ns.all}, ns.timeout)
     else:
         status, doc = request(sock, "POST", "/uncordon", {"device": ns.device}, ns.timeout)
     if not isinstance(doc, dict):
@@ -184,13 +204,28 @@ def _run(ns: argparse.Namespace, sock: Path) -> int:
             return EXIT_DEGRADED
     elif ns.command == "cordon":
         print(f"{ns.device} cordoned: {doc.get('cordon', {}).get('reason', '')}")
+    elif ns.command == "release":
+        what = ns.device or "NVML"
+        print(f"{what} released: the daemon holds no NVML handle at all; tainted: {_text(doc.get('devices'))}")
+        print(f"reset or upgrade now, then: tandemctl reacquire {ns.device or '--all'}")
+    elif ns.command == "reacquire":
+        what = ns.device or "everything"
+        print(f"{what} reacquired" if doc.get("reacquired") else f"{what} was not released")
+        still = [r.get("device") or ("NVML" if not r.get("gpu") else r.get("gpu")) for r in doc.get("released", [])]
+        if still:
+            print(f"still released: {', '.join(still)} (NVML stays let go until each is reacquired)")
+        elif doc.get("reacquired"):
+            print("monitoring and discovery resume")
     else:
         print(f"{ns.device} uncordoned" if doc.get("changed") else f"{ns.device} was not cordoned")
     return EXIT_OK
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    ns = _parser().parse_args(argv)
+    parser = _parser()
+    ns = parser.parse_args(argv)
+    if ns.command in ("release", "reacquire") and ns.all == bool(ns.device):
+        parser.error(f"{ns.command}: name one GPU device, or --all")
     sock = ns.socket or status_socket_path(Path(ns.kubelet_plugins_dir) / ns.driver_name)
     try:
         return _run(ns, sock)

@@ -22,6 +22,7 @@ from typing import Any
 import grpc
 
 from driver.checkpoint import Checkpoint, InstanceLock
+from driver.claim_files import ClaimFiles
 from driver.claim_refresh import NetworkDataRefresh
 from driver.claims import PrepareSettings
 from driver.config import Config
@@ -29,12 +30,13 @@ from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nic_watcher import NicWatcher
 from driver.discovery.nvidia_files import find_driver_files
-from driver.discovery.nvml import NvmlUnavailable
+from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.fsutil import boot_id
 from driver.health import effects_for, parse_taint_effects
 from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.gpu_release import GpuReleases
 from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
 from driver.kubeapi import KubeAPI
@@ -44,13 +46,15 @@ from driver.kubelet.registration import (
     RegistrationServicer,
     check_socket_path,
     dra_socket_path,
+    grpc_unix_address,
     registration_socket_path,
 )
 from driver.kubelet.service import add_dra_services
 from driver.metadata import MetadataWriter
 from driver.metrics import Metrics, MetricsServer
-from driver.model import DeviceKind
+from driver.model import Device, DeviceKind
 from driver.prepare import Preparer
+from driver.reconcile import Reconciler
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
@@ -74,7 +78,7 @@ def _remove_stale_socket(path: Path) -> None:
 def _serve_unix(server: grpc.Server, path: Path) -> None:
     check_socket_path(path)
     _remove_stale_socket(path)
-    if server.add_insecure_port(f"unix://{path}") == 0:
+    if server.add_insecure_port(grpc_unix_address(path)) == 0:
         raise RuntimeError(f"cannot listen on {path}")
 
 
@@ -97,8 +101,10 @@ class Daemon:
             pool=config.node_name,
             cdi_root=config.cdi_root,
             dev_root=config.dev_root,
+            proc_root=config.proc_root,
         )
         metadata = MetadataWriter(self.data_dir, config.cdi_root, config.driver_name)
+        files = ClaimFiles(settings, metadata)
         self.preparer = Preparer(
             api=self.api,
             checkpoint=self.checkpoint,
@@ -106,7 +112,10 @@ class Daemon:
             settings=settings,
             lookup_device=self.inventory.get,
             driver_files=lambda: self.driver_files,
-            metadata=metadata,
+            files=files,
+        )
+        self.reconciler = Reconciler(
+            self.api, self.checkpoint, self.instance, settings, files, prepare=self.preparer.prepare
         )
         self.publisher = SlicePublisher(
             api=self.api,
@@ -128,11 +137,17 @@ class Daemon:
             self.inventory, publisher_stats=lambda: self.publisher.stats, health_counters=self._health_counters
         )
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
+        # `tandemctl release`: GPU resets and driver upgrades need Tandem to let go of NVML; a
+        # reacquire rediscovers the GPUs at once (an upgrade changes their attributes).
+        self.releases = GpuReleases(
+            self.data_dir, self.inventory, domain=config.driver_name, on_reacquire=self._rediscover_gpus
+        )
         self.status = StatusServer(
             status_socket_path(self.data_dir),
             self.inventory,
             prepared=self.checkpoint.read,
             cordons=self.cordons,
+            releases=self.releases,
             info=self._status_info,
         )
         self._metrics_server: MetricsServer | None = None
@@ -147,15 +162,23 @@ class Daemon:
         sources = []
         if DeviceKind.GPU in cfg.device_kinds:
             gpus = GpuDiscovery(
-                sysfs_root=cfg.sysfs_root, list_attributes=cfg.list_attributes, driver_root=cfg.nvidia_driver_root
+                sysfs_root=cfg.sysfs_root,
+                list_attributes=cfg.list_attributes,
+                proc_root=cfg.proc_root,
+                driver_root=cfg.nvidia_driver_root,
             )
 
+            last: list[Device] = []
+
             def discover_gpus():  # type: ignore[no-untyped-def]
+                nonlocal last
                 try:
-                    devices = gpus.discover()
+                    last = gpus.discover()
                     # A driver upgrade changes the user-space files; pick them up with the GPUs.
                     self.driver_files = find_driver_files(cfg.nvidia_driver_root, cfg.nvidia_driver_root_host)
-                    return devices
+                    return last
+                except NvmlReleased:
+                    return last  # an SRE released NVML or a GPU: the devices stay as last found
                 except NvmlUnavailable as e:
                     raise SourceUnavailable(str(e)) from e
 
@@ -167,6 +190,7 @@ class Daemon:
                 dev_root=cfg.dev_root,
                 list_attributes=cfg.list_attributes,
                 netns=cfg.netns or None,
+                exclude=cfg.exclude_nics,
                 netlink=use_netlink,
                 link_hold=cfg.link_debounce,
                 link_events=lambda ifname: self._nic_watcher.link_events(ifname) if self._nic_watcher else 0,
@@ -179,10 +203,15 @@ class Daemon:
                 wake_at=lambda: nics.pending_until,
             )
             sources.append(loop)
-            # Link and address events rediscover within a second, coalesced; the loop's period
-            # catches anything netlink did not say.
+            # Link and address events that may concern a NIC rediscover within a second,
+            # coalesced; the loop's period catches anything netlink did not say.
             self._nic_watcher = NicWatcher(
-                loop.trigger, netns=cfg.netns or None, resync_period=cfg.rediscover_period, netlink=use_netlink
+                loop.trigger,
+                netns=cfg.netns or None,
+                resync_period=cfg.rediscover_period,
+                netlink=use_netlink,
+                may_be_nic=nics.may_be_nic,
+                is_nic=nics.is_nic,
             )
         return sources
 
@@ -224,6 +253,11 @@ class Daemon:
                 out.update({f"nic_{k}": v for k, v in m.counters().items()})
         return out
 
+    def _rediscover_gpus(self) -> None:
+        for source in self.sources:
+            if source.name == "gpu":
+                source.trigger()
+
     def _allocated_nics(self) -> set[str]:
         """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""
         prepared = {d.device for c in self.checkpoint.read().values() for d in c.devices}
@@ -259,8 +293,10 @@ class Daemon:
         cfg = self.config
         cfg.registrar_dir.mkdir(parents=True, exist_ok=True)
         cfg.cdi_root.mkdir(parents=True, exist_ok=True)
-        # Cordons first: the first published slice already carries them.
+        # Cordons first: the first published slice already carries them. Releases before
+        # anything initialises NVML: a GPU released before a restart stays released.
         self.cordons.load()
+        self.releases.load()
         self.status.start()
         if cfg.metrics_address:
             try:
@@ -280,10 +316,10 @@ class Daemon:
         # Health before the first publish: a GPU that is already lost is never offered untainted.
         for monitor in self.monitors:
             monitor.start()
-            if isinstance(monitor, GpuHealthMonitor):
+            if isinstance(monitor, GpuHealthMonitor) and not NVML_ACCESS.released():
                 monitor.trigger_probe(wait=10)
         self.publisher.start()
-        self.preparer.reconcile()
+        self.reconciler.run()
         self.network_refresh.start()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
         services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)

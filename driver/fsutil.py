@@ -1,5 +1,5 @@
 """Node-local facts of the data dir shared by the driver's state files: the boot they belong to,
-and the lock that serialises their writers.
+the lock that serialises their writers, and reading the small ones (cordons, releases).
 
 Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it.
 """
@@ -8,10 +8,16 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 def boot_id(proc_root: Path = Path("/proc")) -> str:
@@ -35,3 +41,24 @@ def locked(mutex: threading.Lock, lock_path: Path) -> Iterator[None]:
             yield
         finally:
             os.close(fd)  # closing releases the flock
+
+
+def read_json_state(path: Path, what: str, key: str, kind: type) -> Any:
+    """The `key` entry of a small JSON state file (cordons, releases); `kind()` when there is none.
+
+    A file that is not JSON, or not an object whose `key` is a `kind`, is moved aside for
+    inspection (`<name>.corrupt-<time>`, logged) and counts as missing: a bad file is never a
+    reason for the daemon to crash-loop.
+    """
+    try:
+        raw = json.loads(path.read_bytes())
+        if not isinstance(raw, dict) or not isinstance(raw.get(key, kind()), kind):
+            raise ValueError(f"top level is not an object with a {key!r} {kind.__name__}")
+    except FileNotFoundError:
+        return kind()
+    except (ValueError, UnicodeDecodeError) as e:
+        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+        os.replace(path, aside)
+        log.error("%s file %s is unreadable (%s); moved aside to %s, none apply", what, path, e, aside)
+        return kind()
+    return raw.get(key, kind())

@@ -224,21 +224,21 @@ class KubeAPI:
         return _decode(resp, what)
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, uid: str = ""
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
     ) -> None:
         """Server-side apply of `status.devices` (docs/reference/resource-api.md, 'Writing claim status').
 
         SSA with our own field manager owns only the entries we send, so the scheduler's
         allocation and other drivers' device entries stay untouched; force=True takes over
         fields a previous incarnation of the driver (same manager) or a stray writer set.
-        With `uid`, the server refuses (409) to apply to a claim that was deleted and recreated
+        `uid` makes the server refuse (409) to apply to a claim that was deleted and recreated
         under the same name: a late call about the old claim must not rewrite the new one.
         """
         what = f"apply status of claim {namespace}/{name}"
         body = {
             "apiVersion": API_VERSION,
             "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "status": {"devices": devices},
         }
         try:

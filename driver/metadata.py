@@ -1,10 +1,14 @@
-"""Device metadata files (the device "Downward API", KEP-5304), exactly as the Go kubeletplugin library writes them.
+"""Device metadata files (the device "Downward API", KEP-5304), as the Go kubeletplugin library writes them.
 
 Per prepared claim and request (docs/reference/device-metadata.md):
 
-* host file `<dataDir>/dra-device-metadata/<namespace>_<name>/<baseRequest>/metadata.json`
+* host file `<dataDir>/dra-device-metadata/<claimUID>/<baseRequest>/metadata.json`
   (directories 0755, file 0644): a JSON stream, one indented `DeviceMetadata` object per
-  supported version, newest first, each followed by a newline;
+  supported version, newest first, each followed by a newline. The Go library names the
+  directory `<namespace>_<name>`; Tandem keys it by claim UID instead, like every other file it
+  keeps for a claim, so that a claim deleted and recreated under the same name (Jobs do this)
+  never shares a file with its predecessor: a late Unprepare of the old claim cannot remove what
+  the new claim's containers mount. Containers see the same paths either way;
 * CDI spec `<cdiDir>/<driver>_metadata_<claimUID>_<baseRequest>.json` (0644, kind
   `<driver>/metadata`, cdiVersion 0.5.0), one device `<claimUID>_<baseRequest>` that bind-mounts
   the host file read-only at
@@ -16,6 +20,9 @@ Per prepared claim and request (docs/reference/device-metadata.md):
 New files appear atomically (temporary file, fsync, rename). An update rewrites the host file in
 place instead, because containers bind-mount it by inode and would never see a renamed file.
 Every path built from claim data is checked to stay under its base directory.
+
+The files also say which claim a UID belongs to (`claim_names`), which is what rebuilding the
+record of prepared claims needs when the checkpoint is lost.
 """
 
 from __future__ import annotations
@@ -197,12 +204,11 @@ class MetadataWriter:
 
     # -- paths ------------------------------------------------------------------------------------
 
-    def claim_dir(self, namespace: str, name: str) -> Path:
-        dirname = f"{_component(namespace, 'namespace')}_{_component(name, 'claim name')}"
-        return _under(self.root, self.root / dirname)
+    def claim_dir(self, uid: str) -> Path:
+        return _under(self.root, self.root / _component(uid, "claim UID"))
 
-    def host_file(self, namespace: str, name: str, request: str) -> Path:
-        base = self.claim_dir(namespace, name)
+    def host_file(self, uid: str, request: str) -> Path:
+        base = self.claim_dir(uid)
         return _under(base, base / _component(base_request(request), "request") / METADATA_FILE)
 
     def container_path(self, name: str, pod_claim_name: str, request: str) -> str:
@@ -233,6 +239,7 @@ class MetadataWriter:
         Idempotent: a file whose content is already what it would become is not touched (its
         generation kept); a file with other content is rewritten in place with the next generation.
         """
+        _dns_label(namespace, "namespace")
         groups: dict[str, list[MetadataDevice]] = {}
         for d in devices:
             if d.request:
@@ -244,7 +251,7 @@ class MetadataWriter:
                 raise MetadataError(f"requests {by_base[base]!r} and {request!r} share the base request {base!r}")
             by_base[base] = request
         for request in by_base.values():  # every path checked before the first file is written
-            self.host_file(namespace, name, request)
+            self.host_file(uid, request)
             self.container_path(name, pod_claim_name, request)
             self.spec_filename(uid, request)
         ids: dict[str, str] = {}
@@ -257,7 +264,7 @@ class MetadataWriter:
     def _write_request(
         self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str, devices: Sequence[MetadataDevice]
     ) -> None:
-        path = self.host_file(namespace, name, request)
+        path = self.host_file(uid, request)
         try:
             existing = self._read(path)
         except MetadataError as e:  # e.g. an in-place update torn by a crash: start over
@@ -273,7 +280,7 @@ class MetadataWriter:
             doc = _document(self.driver, namespace, name, uid, old_generation + 1, pod_claim_name, request, devices)
             _rewrite_in_place(path, encode_stream([doc]))
             return
-        # A new file, or one left by an earlier claim of the same name: a fresh inode.
+        # A new file (or one left unreadable, or naming another UID): a fresh inode.
         self._mkdirs(path.parent)
         atomic_write(
             path,
@@ -284,7 +291,7 @@ class MetadataWriter:
     def _write_spec(self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str) -> None:
         base = base_request(request)
         mount = cdi.Mount(
-            host_path=str(self.host_file(namespace, name, request)),
+            host_path=str(self.host_file(uid, request)),
             container_path=self.container_path(name, pod_claim_name, request),
             options=MOUNT_OPTIONS,
         )
@@ -308,7 +315,7 @@ class MetadataWriter:
         Keeps `podClaimName` and the request reference, bumps the generation. A request that was
         never prepared (no file), or a file of another claim with the same name, is an error.
         """
-        path = self.host_file(namespace, name, request)
+        path = self.host_file(uid, request)
         existing = self._read(path)
         if existing is None:
             raise MetadataError(f"request {request!r} not found in prepared claim {namespace}/{name}")
@@ -326,14 +333,17 @@ class MetadataWriter:
 
     # -- unprepare and reconciliation ----------------------------------------------------------
 
-    def remove(self, namespace: str, name: str, uid: str) -> None:
-        """Remove the claim's host files and every metadata CDI spec of its UID; missing is fine."""
-        self.remove_claim_dir(namespace, name)
-        self.remove_specs(uid)
+    def remove(self, uid: str) -> None:
+        """Remove the claim's host files and every metadata CDI spec of its UID; missing is fine.
 
-    def remove_claim_dir(self, namespace: str, name: str) -> None:
+        Everything is found by UID alone: nothing of another claim, whatever its name, is touched.
+        """
+        self.remove_specs(uid)
+        self.remove_claim_dir(uid)
+
+    def remove_claim_dir(self, uid: str) -> None:
         with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(self.claim_dir(namespace, name))
+            shutil.rmtree(self.claim_dir(uid))
             fsync_dir(self.root)
 
     def remove_specs(self, uid: str) -> None:
@@ -342,18 +352,36 @@ class MetadataWriter:
             if path.name.startswith(prefix):
                 cdi.remove_spec(self.cdi_root, path.name)
 
-    def owned_claims(self) -> set[tuple[str, str]]:
-        """(namespace, name) of every claim with a metadata directory: namespaces hold no `_`."""
+    def owned_claim_dirs(self) -> set[str]:
+        """The names of the claim directories: claim UIDs (anything else, such as a directory of
+        an older layout, is listed as it is, so that reconciliation removes it as an orphan)."""
         try:
-            entries = list(self.root.iterdir())
+            return {entry.name for entry in self.root.iterdir() if entry.is_dir()}
         except FileNotFoundError:
             return set()
+
+    def claim_names(self, uid: str) -> set[tuple[str, str]]:
+        """(namespace, name) that the metadata files of claim `uid` name; unreadable files name none."""
         out = set()
-        for entry in entries:
-            namespace, sep, name = entry.name.partition("_")
-            if sep and namespace and name and entry.is_dir():
+        for path in sorted(self.claim_dir(uid).glob(f"*/{METADATA_FILE}")):
+            try:
+                doc = self._read(path)
+            except MetadataError as e:
+                log.warning("%s", e)
+                continue
+            meta = doc["metadata"] if doc is not None else {}
+            namespace, name = meta.get("namespace"), meta.get("name")
+            if meta.get("uid") == uid and isinstance(namespace, str) and isinstance(name, str):
                 out.add((namespace, name))
         return out
+
+    def remove_temp_files(self) -> list[Path]:
+        """Temporary files of atomic writes that a killed process left: beside the host files
+        (one directory per claim and request) and beside the metadata CDI specs."""
+        removed = cdi.remove_temp_files(self.cdi_root, f"{self.driver}_{CDI_CLASS}_")
+        for request_dir in sorted(self.root.glob("*/*")):
+            removed += cdi.remove_temp_files(request_dir) if request_dir.is_dir() else []
+        return removed
 
     def owned_spec_uids(self) -> set[str]:
         """Claim UIDs with at least one metadata CDI spec (UIDs and request names hold no `_`)."""

@@ -99,6 +99,7 @@ class NicInfo:
     mac: str = ""
     ipv4: tuple[str, ...] = ()  # CIDR form, e.g. "10.0.0.5/24"
     ipv6: tuple[str, ...] = ()
+    port: int = 1  # the RDMA port the netdev is on (UCX_NET_DEVICES names <rdma>:<port>)
     uverbs: str = ""  # e.g. "uverbs0": /dev/infiniband/uverbs0
     umad: str = ""
     issm: str = ""

@@ -4,11 +4,19 @@ One implementation behind both DRAPlugin versions. Every claim gets its own answ
 is an error string for that claim, never a failed RPC that would hold back the pod's other claims.
 Claim references are validated first (`driver.claims`).
 
+The kubelet sends the claims of one pod that are not prepared yet, for this driver, in one call
+(docs/reference/kubelet-plugin.md, 'Batching'). So the claims of a call are read and
+planned first, then prepared together: the GPU-NIC pairing and NIC lists in every claim's CDI
+spec describe all of them (`driver.claim_cdi`, `pod_devices`), and a container that gets several
+of the pod's claims sees one consistent environment.
+
 Prepare is two-phase so that kill -9 at any line is recoverable. The checkpoint records
 PrepareStarted *before* any file is written and PrepareCompleted after the last one; unprepare
 removes files before the record. So a file on disk always has a record, and a PrepareStarted
 record means "maybe half done": the next prepare of that claim redoes every (idempotent) step,
-and start-up (`reconcile`) rolls back those whose owning instance is dead.
+and start-up (`driver.reconcile`) rolls back those whose owning instance is dead. Every file of a
+claim is named by its UID (`driver.claim_files`), so nothing done for one claim touches another
+claim of the same name.
 
 What goes into the claim status is `driver.claim_status`; keeping it current when a NIC's
 addresses change later is `driver.claim_refresh`.
@@ -25,8 +33,9 @@ from typing import Any
 
 import cdi
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
-from driver.claim_cdi import CLAIM_CLASS, ClaimSpecError, PlannedDevice, claim_spec, claim_spec_filename, claim_vendor
-from driver.claim_status import network_data, status_entries
+from driver.claim_cdi import ClaimSpecError, PlannedDevice, claim_spec
+from driver.claim_files import ClaimFiles
+from driver.claim_status import current_devices, network_data, status_entries
 from driver.claims import (
     POD_CLAIM_NAME_ANNOTATION,
     ClaimAPI,
@@ -38,9 +47,10 @@ from driver.claims import (
     validate_ref,
 )
 from driver.config_api import ConfigDecodeError, opaque_entries, resolve
+from driver.device_nodes import DeviceNodes
 from driver.discovery.nvidia_files import DriverFiles
 from driver.logs import log_context
-from driver.metadata import MetadataDevice, MetadataError, MetadataWriter, assign_metadata_ids, attributes_json
+from driver.metadata import MetadataDevice, MetadataError, assign_metadata_ids, attributes_json
 from driver.model import Device
 from driver.resource_api import rfc3339
 
@@ -53,9 +63,21 @@ class PrepareResult:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class _Planned:
+    """A claim read and planned, to be prepared together with the other claims of its call."""
+
+    ref: ClaimRef
+    claim: dict[str, Any]
+    records: list[DeviceRecord]
+    planned: list[PlannedDevice]
+    ctx: dict[str, str]
+
+
 class Preparer:
-    """Prepares and unprepares claims. Calls for different claims run in parallel; each claim
-    is serialised by its own lock, and the checkpoint by a short file lock per transaction."""
+    """Prepares and unprepares claims. Calls for different claims run in parallel; each claim is
+    serialised by its own lock, held by the calling thread for the whole call (so the worker pool
+    never waits for a lock), and the checkpoint by a short file lock per transaction."""
 
     def __init__(
         self,
@@ -65,7 +87,7 @@ class Preparer:
         settings: PrepareSettings,
         lookup_device: Callable[[str], Device | None],
         driver_files: Callable[[], DriverFiles],
-        metadata: MetadataWriter,
+        files: ClaimFiles,
         workers: int = 16,
     ) -> None:
         self._api = api
@@ -74,7 +96,7 @@ class Preparer:
         self._s = settings
         self._lookup = lookup_device
         self._driver_files = driver_files
-        self._metadata = metadata
+        self._files = files
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
         self.claim_locks = ClaimLocks()
 
@@ -82,40 +104,67 @@ class Preparer:
         self._pool_exec.shutdown(wait=True, cancel_futures=True)
 
     def prepare(self, refs: Sequence[ClaimRef], alive: Callable[[], bool] = lambda: True) -> dict[str, PrepareResult]:
-        """`alive` says whether the kubelet still waits for the answer (its call has a deadline)."""
-        results = self._pool_exec.map(lambda r: self._prepare_one(r, alive), refs)
-        return dict(zip([r.uid for r in refs], results, strict=True))
+        """The claims of one call, prepared together (module docstring). The claim locks cover the
+        GETs too: an Unprepare that arrives while a slow GET is in flight (the kubelet gave up on
+        this call) then waits, and cleans up after us. `alive` says whether the kubelet still
+        waits for the answer (its call has a deadline)."""
+        valid, results = self._valid_refs(refs, "prepare")
+        with self.claim_locks.hold_all(valid):
+            plans = list(self._pool_exec.map(self._plan_one, valid.values()))
+            ready = [p for p in plans if isinstance(p, _Planned)]
+            results.update(
+                (r.uid, p) for r, p in zip(valid.values(), plans, strict=True) if isinstance(p, PrepareResult)
+            )
+            pod_devices = [d for p in ready for d in p.planned]
+            prepared = self._pool_exec.map(lambda p: self._prepare_one(p, pod_devices, alive), ready)
+            results.update(zip([p.ref.uid for p in ready], prepared, strict=True))
+        return {r.uid: results[r.uid] for r in refs}
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
-        return dict(zip([r.uid for r in refs], self._pool_exec.map(self._unprepare_one, refs), strict=True))
+        valid, invalid = self._valid_refs(refs, "unprepare")
+        # Nothing with an invalid reference can have been prepared: succeed so the kubelet stops asking.
+        results = dict.fromkeys(invalid, "")
+        with self.claim_locks.hold_all(valid):
+            results.update(zip(valid, self._pool_exec.map(self._unprepare_one, valid.values()), strict=True))
+        return {r.uid: results[r.uid] for r in refs}
+
+    @staticmethod
+    def _valid_refs(refs: Sequence[ClaimRef], op: str) -> tuple[dict[str, ClaimRef], dict[str, PrepareResult]]:
+        """The valid references by UID (once each), and an error result for every invalid one."""
+        valid: dict[str, ClaimRef] = {}
+        invalid: dict[str, PrepareResult] = {}
+        for ref in refs:
+            try:
+                validate_ref(ref)
+            except ClaimError as e:
+                log.warning("%s of an invalid claim reference: %s", op, e, extra={"op": op})
+                invalid[ref.uid] = PrepareResult(error=str(e))
+                continue
+            valid.setdefault(ref.uid, ref)
+        return valid, invalid
 
     # --- prepare ------------------------------------------------------------------------------
 
-    def _prepare_one(self, ref: ClaimRef, alive: Callable[[], bool]) -> PrepareResult:
+    def _plan_one(self, ref: ClaimRef) -> _Planned | PrepareResult:
         ctx = {"claim": ref.uid, "op": "prepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         with log_context(**ctx):
-            return self._prepare_logged(ref, ctx, alive)
-
-    def _prepare_logged(self, ref: ClaimRef, ctx: dict[str, str], alive: Callable[[], bool]) -> PrepareResult:
-        try:
-            validate_ref(ref)
-            # The claim lock covers the GET too: an Unprepare that arrives while a slow GET is in
-            # flight (the kubelet gave up on this call) then waits, and cleans up after us.
-            with self.claim_locks.get(ref.uid):
+            try:
                 claim = self._api.get_claim(ref.namespace, ref.name)
                 records = allocated_devices(claim, ref, self._s.driver_name, self._s.pool)
-                planned = self._plan(claim, records)
+                return _Planned(ref, claim, records, self._plan(claim, records), ctx)
+            except Exception as e:
+                return _failed(ref, ctx, e)
+
+    def _prepare_one(self, p: _Planned, pod_devices: list[PlannedDevice], alive: Callable[[], bool]) -> PrepareResult:
+        with log_context(**p.ctx):
+            try:
                 if not alive():
                     raise ClaimError("the kubelet cancelled this call; nothing was prepared")
-                result = self._prepare_locked(ref, claim, records, planned, ctx)
-            log.info("prepared %d device(s)", len(result.devices), extra=ctx)
-            return result
-        except ClaimError as e:
-            log.warning("prepare failed: %s", e, extra=ctx)
-            return PrepareResult(error=str(e))
-        except Exception as e:  # an API or disk failure fails this claim only; the kubelet retries
-            log.exception("prepare failed", extra=ctx)
-            return PrepareResult(error=f"prepare of claim {ref.namespace}/{ref.name} failed: {e}")
+                result = self._prepare_planned(p, pod_devices)
+                log.info("prepared %d device(s)", len(result.devices), extra=p.ctx)
+                return result
+            except Exception as e:
+                return _failed(p.ref, p.ctx, e)
 
     def _plan(self, claim: dict[str, Any], records: list[DeviceRecord]) -> list[PlannedDevice]:
         entries = opaque_entries(claim["status"]["allocation"], self._s.driver_name)
@@ -131,57 +180,68 @@ class Preparer:
             planned.append(PlannedDevice(device, r.request_names, config, r.share_id))
         return planned
 
-    def _prepare_locked(
-        self,
-        ref: ClaimRef,
-        claim: dict[str, Any],
-        records: list[DeviceRecord],
-        planned: list[PlannedDevice],
-        ctx: dict[str, str],
-    ) -> PrepareResult:
+    def _prepare_planned(self, p: _Planned, pod_devices: list[PlannedDevice]) -> PrepareResult:
+        ref, records = p.ref, p.records
         try:
-            spec, ids = claim_spec(self._s.driver_name, ref.uid, planned, self._s.dev_root, self._driver_files())
+            nodes = DeviceNodes(self._s.dev_root, self._s.proc_root)
+            spec, ids = claim_spec(
+                self._s.driver_name, ref.uid, p.planned, nodes, self._driver_files(), pod_devices=pod_devices
+            )
         except (ClaimSpecError, cdi.SpecError) as e:
             raise ClaimError(f"claim {ref.namespace}/{ref.name} cannot be given to a container: {e}") from e
         # Phase 1: claim the devices in the checkpoint before touching anything else.
         with self._checkpoint.transaction() as claims:
             existing = claims.get(ref.uid)
             if existing is not None and existing.state == STATE_COMPLETED:
-                return PrepareResult(devices=existing.devices)  # idempotent: same answer again
-            if existing is not None:
-                log.info("completing a prepare that was interrupted", extra=ctx)
-            self._check_not_in_use(ref, records, claims)
-            claims[ref.uid] = ClaimRecord(
-                namespace=ref.namespace,
-                name=ref.name,
-                uid=ref.uid,
-                state=STATE_STARTED,
-                devices=tuple(records),
-                owner=self._instance.instance_id,
-            )
+                completed = existing
+            else:
+                completed = None
+                if existing is not None:
+                    log.info("completing a prepare that was interrupted", extra=p.ctx)
+                self._check_not_in_use(ref, records, claims)
+                claims[ref.uid] = ClaimRecord(
+                    namespace=ref.namespace,
+                    name=ref.name,
+                    uid=ref.uid,
+                    state=STATE_STARTED,
+                    devices=tuple(records),
+                    owner=self._instance.instance_id,
+                )
+        if completed is not None:
+            # The same answer again. Only the spec may differ, when this call prepares the claim
+            # with other claims than before (a retry after one of them failed): it follows them.
+            if self._files.write_spec(ref.uid, spec):
+                with self._checkpoint.transaction() as claims:
+                    self._check_still_prepared(ref, claims, STATE_COMPLETED)
+            return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
-        if spec is not None:
-            cdi.write_spec(self._s.cdi_root, spec, claim_spec_filename(self._s.driver_name, ref.uid))
-        metadata_ids = self._write_metadata(ref, claim, planned, ctx)
-        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), planned)
+        self._files.write_spec(ref.uid, spec)
+        metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx)
+        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), p.planned)
         self._api.apply_claim_status(
             ref.namespace,
             ref.name,
-            status_entries(self._s, done, rfc3339()),
+            status_entries(self._s, done, rfc3339(), current_devices(p.claim)),
             field_manager=self._s.driver_name,
             uid=ref.uid,
         )
         with self._checkpoint.transaction() as claims:
-            mine = claims.get(ref.uid)
-            if mine is None or mine.state != STATE_STARTED or mine.owner != self._instance.instance_id:
-                # The other instance of a rolling update unprepared the claim meanwhile: the
-                # kubelet no longer wants it, so what this call wrote must not outlive it.
-                self._remove_files(ref.uid, ClaimRecord(namespace=ref.namespace, name=ref.name, uid=ref.uid))
-                raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
+            self._check_still_prepared(ref, claims, STATE_STARTED)
             claims[ref.uid] = ClaimRecord(
                 namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
             )
         return PrepareResult(devices=done)
+
+    def _check_still_prepared(self, ref: ClaimRef, claims: dict[str, ClaimRecord], state: str) -> None:
+        """After writing files: the record must still be the one this call wrote (or found). The
+        other instance of a rolling update may have unprepared the claim meanwhile: the kubelet no
+        longer wants it, so what this call wrote must not outlive it."""
+        mine = claims.get(ref.uid)
+        ours = mine is not None and (state == STATE_COMPLETED or mine.owner == self._instance.instance_id)
+        if mine is not None and mine.state == state and ours:
+            return
+        self._files.remove(ref.uid)
+        raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
 
     def _write_metadata(
         self, ref: ClaimRef, claim: dict[str, Any], planned: list[PlannedDevice], ctx: dict[str, str]
@@ -205,7 +265,7 @@ class Preparer:
             for request in refs.get((p.device.name, p.share_id), list(p.request_names))
         ]
         try:
-            return self._metadata.write(ref.namespace, ref.name, ref.uid, pod_claim_name, devices)
+            return self._files.metadata.write(ref.namespace, ref.name, ref.uid, pod_claim_name, devices)
         except (OSError, MetadataError):
             # As the reference library does: metadata is a convenience, not a reason to fail the pod.
             log.exception("device metadata not written; the claim is prepared without it", extra=ctx)
@@ -232,40 +292,23 @@ class Preparer:
     def _unprepare_one(self, ref: ClaimRef) -> str:
         ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         with log_context(**ctx):
-            return self._unprepare_logged(ref, ctx)
-
-    def _unprepare_logged(self, ref: ClaimRef, ctx: dict[str, str]) -> str:
-        try:
-            validate_ref(ref)
-        except ClaimError as e:
-            # Nothing with such a reference can have been prepared: succeed so the kubelet stops asking.
-            log.warning("unprepare of an invalid claim reference, nothing to do: %s", e, extra=ctx)
-            return ""
-        try:
-            with self.claim_locks.get(ref.uid):
+            try:
+                # Everything is found by the UID alone: a late Unprepare of an old claim never
+                # touches a new claim of the same name. The files go even without a record: the
+                # kubelet says the claim is no longer needed, whatever the checkpoint lost.
                 record = self._checkpoint.read().get(ref.uid)
+                self._files.remove(ref.uid)
                 if record is None:
-                    log.info("claim was not prepared here; nothing to do", extra=ctx)
+                    log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""
-                # Files are keyed by UID and by the recorded name, never by what this call says:
-                # a late Unprepare of an old claim must not touch a new claim of the same name.
-                self._remove_files(ref.uid, record)
                 self._clear_status(ref, ctx)
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
-            self.claim_locks.forget(ref.uid)
-            log.info("unprepared", extra=ctx)
-            return ""
-        except Exception as e:
-            log.exception("unprepare failed", extra=ctx)
-            return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
-
-    def _remove_files(self, uid: str, record: ClaimRecord | None = None) -> None:
-        """The claim's CDI spec and metadata specs (by UID) and, with its record, its metadata dir."""
-        cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid))
-        self._metadata.remove_specs(uid)
-        if record is not None:
-            self._metadata.remove_claim_dir(record.namespace, record.name)
+                log.info("unprepared", extra=ctx)
+                return ""
+            except Exception as e:
+                log.exception("unprepare failed", extra=ctx)
+                return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
 
     def _clear_status(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
         """Withdraw our status.devices entries; the claim may already be gone, which is fine."""
@@ -274,34 +317,15 @@ class Preparer:
         except Exception as e:
             log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
 
-    # --- start-up reconciliation --------------------------------------------------------------
 
-    def reconcile(self) -> None:
-        """Roll back prepares interrupted by a dead instance; remove files no record accounts for."""
-        with self._checkpoint.transaction() as claims:
-            for uid, record in list(claims.items()):
-                if record.state == STATE_STARTED and not self._instance.is_alive(record.owner):
-                    log.warning(
-                        "rolling back prepare of claim %s/%s interrupted by a crash",
-                        record.namespace,
-                        record.name,
-                        extra={"claim": uid, "op": "reconcile"},
-                    )
-                    self._remove_files(uid, record)
-                    del claims[uid]
-            known_uids = set(claims)
-            known_names = {(c.namespace, c.name) for c in claims.values()}
-            for path in cdi.list_specs(self._s.cdi_root, claim_vendor(self._s.driver_name), CLAIM_CLASS):
-                uid = path.name.rsplit("_", 1)[-1].removesuffix(".json")
-                if uid not in known_uids:
-                    log.info("removing orphaned CDI spec %s", path, extra={"op": "reconcile"})
-                    path.unlink(missing_ok=True)
-            for uid in self._metadata.owned_spec_uids() - known_uids:
-                log.info("removing orphaned metadata CDI spec of claim %s", uid, extra={"op": "reconcile"})
-                self._metadata.remove_specs(uid)
-            for namespace, name in self._metadata.owned_claims() - known_names:
-                log.info("removing orphaned device metadata of %s/%s", namespace, name, extra={"op": "reconcile"})
-                self._metadata.remove_claim_dir(namespace, name)
+def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:
+    """A claim that cannot be prepared: the error goes back to the kubelet for this claim only."""
+    if isinstance(e, ClaimError):
+        log.warning("prepare failed: %s", e, extra=ctx)
+        return PrepareResult(error=str(e))
+    # An API or disk failure fails this claim only; the kubelet retries.
+    log.exception("prepare failed", extra=ctx)
+    return PrepareResult(error=f"prepare of claim {ref.namespace}/{ref.name} failed: {e}")
 
 
 def _with_network_data(records: tuple[DeviceRecord, ...], planned: list[PlannedDevice]) -> tuple[DeviceRecord, ...]:

@@ -9,7 +9,9 @@ During a rolling update two instances share the data dir: the newer one takes th
 and an instance only removes the socket on stop if the name still points at its own.
 
 Endpoints: GET /devices, /claims, /health; POST /cordon {"device", "reason", "by"},
-POST /uncordon {"device"}. Errors are {"error": "..."} with a 4xx/5xx status.
+POST /uncordon {"device"}; POST /release {"device" or "all": true, "reason", "by"} and
+POST /reacquire {"device" or "all": true} (`health.gpu_release`: a release answers once NVML let
+go, 503 when it did not in time). Errors are {"error": "..."} with a 4xx/5xx status.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import Any
 
 from driver.checkpoint import ClaimRecord
 from driver.health.cordon import CordonError, CordonStore, UnknownDevice
+from driver.health.gpu_release import GpuReleases, ReleaseError, ReleaseTimeout
 from driver.inventory import Inventory
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, Health, Version
 
@@ -95,6 +98,7 @@ class StatusServer:
         inventory: Inventory,
         prepared: Callable[[], dict[str, ClaimRecord]],
         cordons: CordonStore,
+        releases: GpuReleases,
         info: Callable[[], dict[str, Any]],
     ) -> None:
         """`info()` adds daemon facts to /health; a list of strings under its "problems" key makes the node degraded."""
@@ -102,6 +106,7 @@ class StatusServer:
         self._inventory = inventory
         self._prepared = prepared
         self._cordons = cordons
+        self._releases = releases
         self._info = info
         self._server: _UnixHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -123,7 +128,7 @@ class StatusServer:
         unhealthy = [{"device": d.name, "reason": d.health_message} for d in devices if d.health != Health.HEALTHY]
         present = {d.name for d in devices}
         cordoned = [{**c.to_json(), "present": c.device in present} for c in self._cordons.list()]
-        reasons = []
+        reasons = self._releases.problems()
         if not devices:
             reasons.append("no devices discovered")
         if unhealthy:
@@ -145,6 +150,7 @@ class StatusServer:
             },
             "unhealthy": unhealthy,
             "cordoned": cordoned,
+            "released": [r.to_json() for r in self._releases.list()],
             "daemon": info,
         }
 
@@ -160,10 +166,29 @@ class StatusServer:
         log.info("uncordon of %s requested through the status socket by %s (changed=%s)", device, peer, changed)
         return {"device": device, "changed": changed}
 
+    def release(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+        device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
+        _one_target(body, device)
+        log.info("release of %s requested through the status socket by %s", device or "NVML", peer)
+        tainted = self._releases.release(device, reason, by or peer)
+        return {"released": device or "nvml", "devices": tainted}
+
+    def reacquire(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+        device = _field(body, "device")
+        _one_target(body, device)
+        log.info("reacquire of %s requested through the status socket by %s", device or "everything", peer)
+        ended = self._releases.reacquire(device)
+        return {"reacquired": [r.to_json() for r in ended], "released": [r.to_json() for r in self._releases.list()]}
+
     def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> dict[str, Any]:
         """Routes one request; raises RequestError for anything the client got wrong."""
         gets = {"/devices": self.devices, "/claims": self.claims, "/health": self.health}
-        posts = {"/cordon": self.cordon, "/uncordon": self.uncordon}
+        posts = {
+            "/cordon": self.cordon,
+            "/uncordon": self.uncordon,
+            "/release": self.release,
+            "/reacquire": self.reacquire,
+        }
         path = path.split("?", 1)[0].rstrip("/") or "/"
         if method == "GET" and path in gets:
             return gets[path]()
@@ -172,8 +197,10 @@ class StatusServer:
                 return posts[path](body or {}, peer)
             except UnknownDevice as e:
                 raise RequestError(HTTPStatus.NOT_FOUND, str(e)) from e
-            except CordonError as e:
+            except (CordonError, ReleaseError) as e:
                 raise RequestError(HTTPStatus.BAD_REQUEST, str(e)) from e
+            except ReleaseTimeout as e:
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(e)) from e
         if path in gets or path in posts:
             raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} is not allowed on {path}")
         raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint {path}; try /devices, /claims, /health")
@@ -231,6 +258,15 @@ def _field(body: dict[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise CordonError(f"{key!r} must be a string")
     return value
+
+
+def _one_target(body: dict[str, Any], device: str) -> None:
+    """A release or reacquire names one device or says "all", never both or neither."""
+    everything = body.get("all", False)
+    if not isinstance(everything, bool):
+        raise ReleaseError("'all' must be true or false")
+    if everything == bool(device):
+        raise ReleaseError("name one device, or all (true) for the whole of NVML")
 
 
 class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

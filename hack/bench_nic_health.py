@@ -43,7 +43,9 @@ def bench_flap_condition_changes(flaps: int = 50, spread_s: float = 10.0, deboun
     if reason := cannot_run():
         return {"skipped": reason}
     with netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-health-") as tmp:
-        subprocess.run(["ip", "-n", ns, "link", "add", "fl0", "type", "veth", "peer", "name", "fl0p"], check=True)
+        # The NIC's MAC: its RoCE port's default GID is what ties the veth to the rendered function.
+        subprocess.run(["ip", "-n", ns, "link", "add", "fl0", "address", "02:00:00:00:00:10", "type", "veth",
+                        "peer", "name", "fl0p"], check=True)  # fmt: skip
         subprocess.run(["ip", "-n", ns, "link", "set", "fl0p", "up"], check=True)
         subprocess.run(["ip", "-n", ns, "link", "set", "fl0", "up"], check=True)
         sysfs, dev = Path(tmp) / "sys", Path(tmp) / "dev"

@@ -3,8 +3,9 @@
 The driver talks to it with the official `kubernetes` client through a generated kubeconfig, as to
 a real server, so everything here speaks real Kubernetes REST/JSON: metav1.Status errors with the
 right codes, list envelopes, chunked newline-delimited watch streams with 410 Gone for expired
-resourceVersions, server-side apply of claim status. Faults (error codes, delays, dropped watches)
-can be injected to test the driver's retry paths, and every request is logged for assertions.
+resourceVersions and watch-list streams (`sendInitialEvents`, client-go's default), server-side
+apply of claim status. Faults (error codes, delays, dropped watches) can be injected to test the
+driver's retry paths, and every request is logged for assertions.
 
 Storage and admission live in `apistore`, validation in `apivalidate`, URL paths and discovery
 documents in `apiroutes`; this module is the HTTP door plus an in-process door (`srv.create`, `srv.get`, ...) that goes through the same admission rules.
@@ -455,10 +456,17 @@ class _Handler(BaseHTTPRequestHandler):
             timeout = float(query.get("timeoutSeconds") or DEFAULT_WATCH_SECONDS)
         except ValueError:
             raise bad_request(f"invalid timeoutSeconds {query.get('timeoutSeconds')!r}") from None
+        send_initial_events = query.get("sendInitialEvents") in ("true", "1")
+        if send_initial_events and query.get("resourceVersionMatch") != "NotOlderThan":
+            raise ApiError(422, "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan", "Invalid")
+        if send_initial_events and query.get("allowWatchBookmarks") not in ("true", "1"):
+            raise ApiError(422, "sendInitialEvents requires allowWatchBookmarks=true", "Invalid")
         watcher: Watcher | None = None
         error: ApiError | None = None
         try:
-            watcher = self.server.sim.store.watch(rtype, namespace, match, query.get("resourceVersion"))
+            watcher = self.server.sim.store.watch(
+                rtype, namespace, match, query.get("resourceVersion"), send_initial_events
+            )
         except ApiError as e:
             if e.code != 410:
                 raise

@@ -289,13 +289,26 @@ class Store:
     # --- watches --------------------------------------------------------------------------------
 
     def watch(
-        self, rtype: ResourceType, namespace: str | None, match: Predicate, resource_version: str | None
+        self,
+        rtype: ResourceType,
+        namespace: str | None,
+        match: Predicate,
+        resource_version: str | None,
+        send_initial_events: bool = False,
     ) -> Watcher:
-        """A watch from `resource_version` (None or "0": all current objects first, as ADDED)."""
+        """A watch from `resource_version` (None or "0": all current objects first, as ADDED).
+
+        `send_initial_events` is a watch-list request (client-go's default reflector since 1.35):
+        the current objects as ADDED, then a BOOKMARK annotated `k8s.io/initial-events-end`, which
+        the client waits for before it treats its cache as synced.
+        """
         with self._cond:
-            if resource_version in (None, "", "0"):
+            if resource_version in (None, "", "0") or send_initial_events:
                 initial, since = self.list(rtype, namespace, match)
-                return Watcher(self, rtype, namespace, match, int(since), initial, self._epoch)
+                events = [("ADDED", o) for o in initial]
+                if send_initial_events:
+                    events.append(("BOOKMARK", _initial_events_end(rtype, since)))
+                return Watcher(self, rtype, namespace, match, int(since), events, self._epoch)
             try:
                 since_rv = int(resource_version)
             except ValueError:
@@ -522,6 +535,16 @@ class Store:
         return out
 
 
+def _initial_events_end(rtype: ResourceType, resource_version: str) -> dict[str, Any]:
+    """The bookmark that ends a watch-list's initial events: an object of the watched kind with
+    only the resourceVersion they were read at and the annotation."""
+    return {
+        "kind": rtype.kind,
+        "apiVersion": rtype.api_version,
+        "metadata": {"resourceVersion": resource_version, "annotations": {"k8s.io/initial-events-end": "true"}},
+    }
+
+
 class Watcher:
     """One open watch: hands out the events after its position, filtered and typed for its selectors."""
 
@@ -532,7 +555,7 @@ class Watcher:
         namespace: str | None,
         match: Predicate,
         since: int,
-        initial: list[dict[str, Any]],
+        initial: list[tuple[str, dict[str, Any]]],
         epoch: int,
     ):
         self._store = store
@@ -540,7 +563,7 @@ class Watcher:
         self._namespace = namespace
         self._match = match
         self._last = since
-        self._pending: list[tuple[str, dict[str, Any]]] = [("ADDED", o) for o in initial]
+        self._pending = list(initial)
         self._epoch = epoch
         self._open = True
         store._open_watches += 1  # the caller holds the store's lock

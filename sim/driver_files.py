@@ -2,9 +2,11 @@
 
 Under `root` (standing in for `--nvidia-driver-root`):
 
-* `usr/lib/x86_64-linux-gnu/<lib>.so.<version>`: small regular files, each with its soname link
-  (`libcuda.so.1 -> libcuda.so.<version>`) and, for libcuda, the development link
-  (`libcuda.so -> libcuda.so.1`), all relative as the installer makes them;
+* `<lib_dir>/<lib>.so.<version>` (`usr/lib/x86_64-linux-gnu` as on Debian and Ubuntu, or
+  `usr/lib64` as on RHEL): each its soname link (`libcuda.so.1 -> libcuda.so.<version>`) and, for
+  libcuda, the development link (`libcuda.so -> libcuda.so.1`), all relative as the installer makes
+  them. The libraries are real, if empty, ELF shared objects of this machine with that soname, so a
+  container's dynamic loader loads them and ldconfig lists them as it would the driver's;
 * `usr/bin/nvidia-smi` and the other driver binaries: `#!/bin/sh` scripts (they must run inside a
   busybox container); `nvidia-smi` lists the `/dev/nvidia<N>` nodes the container can see, in the
   style of `nvidia-smi -L`, so a container test shows which GPUs were handed over;
@@ -16,6 +18,8 @@ Rendering is idempotent.
 from __future__ import annotations
 
 import os
+import platform
+import struct
 from pathlib import Path
 
 LIB_DIR = "usr/lib/x86_64-linux-gnu"
@@ -63,14 +67,46 @@ def _link(link: Path, target: str) -> None:
     link.symlink_to(target)
 
 
-def render_driver_files(root: Path, version: str = "580.95.05") -> None:
+# ELF e_machine of the machines the simulation runs on (EM_X86_64, EM_AARCH64).
+_ELF_MACHINES = {"x86_64": 62, "aarch64": 183}
+
+
+def shared_object(soname: str, machine: str = "") -> bytes:
+    """The smallest ELF64 shared object glibc's loader and ldconfig accept: one writable PT_LOAD
+    holding the dynamic section (the loader relocates it in place), a non-executable stack, and
+    DT_SONAME with the string, symbol and hash tables it needs; no code, no symbols."""
+    e_machine = _ELF_MACHINES.get(machine or platform.machine(), _ELF_MACHINES["x86_64"])
+    ehdr, phdr, phnum = 64, 56, 3
+    strtab = b"\0" + soname.encode() + b"\0"
+    str_off = ehdr + phdr * phnum
+    sym_off = (str_off + len(strtab) + 7) & ~7
+    hash_off = sym_off + 24  # one null Elf64_Sym
+    dyn_off = hash_off + 16  # nbucket = nchain = 1, both empty
+    # DT_HASH, DT_STRTAB, DT_SYMTAB, DT_STRSZ, DT_SYMENT, DT_SONAME (offset 1 in strtab), DT_NULL
+    dynamic = [(4, hash_off), (5, str_off), (6, sym_off), (10, len(strtab)), (11, 24), (14, 1), (0, 0)]
+    size = dyn_off + 16 * len(dynamic)
+    out = bytearray(b"\x7fELF" + bytes([2, 1, 1, 0]) + bytes(8))  # 64-bit, little-endian, SysV
+    out += struct.pack("<HHIQQQIHHHHHH", 3, e_machine, 1, 0, ehdr, 0, 0, ehdr, phdr, phnum, 64, 0, 0)
+    out += struct.pack("<IIQQQQQQ", 1, 6, 0, 0, 0, size, size, 0x1000)  # PT_LOAD, RW
+    out += struct.pack("<IIQQQQQQ", 2, 6, dyn_off, dyn_off, dyn_off, size - dyn_off, size - dyn_off, 8)  # PT_DYNAMIC
+    out += struct.pack("<IIQQQQQQ", 0x6474E551, 6, 0, 0, 0, 0, 0, 16)  # PT_GNU_STACK, RW
+    out += strtab + bytes(sym_off - str_off - len(strtab)) + bytes(24) + struct.pack("<IIII", 1, 1, 0, 0)
+    for tag, value in dynamic:
+        out += struct.pack("<qQ", tag, value)
+    return bytes(out)
+
+
+def render_driver_files(root: Path, version: str = "580.95.05", lib_dir: str = LIB_DIR) -> None:
     root = Path(root)
-    libs = root / LIB_DIR
+    libs = root / lib_dir
     for lib, soname_version in _LIBRARIES.items():
         real = f"{lib}.{version}"
-        _file(libs / real, f"simulated {real}\n")
+        soname = f"{lib}.{soname_version}" if soname_version else real
+        libs.mkdir(parents=True, exist_ok=True)
+        (libs / real).write_bytes(shared_object(soname))
+        os.chmod(libs / real, 0o755)
         if soname_version:
-            _link(libs / f"{lib}.{soname_version}", real)
+            _link(libs / soname, real)
     _link(libs / "libcuda.so", "libcuda.so.1")
     bins = root / BIN_DIR
     _file(bins / "nvidia-smi", _NVIDIA_SMI.format(version=version), 0o755)

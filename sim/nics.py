@@ -8,7 +8,8 @@ Under the PCI function `devices/.../<bdf>/` (made by `sim.fstree.pci_device_dir`
 * `net/<ifname>/tandem-sim-addresses`: the NIC's addresses, one CIDR per line. Linux has no such
   file (addresses live in netlink only); discovery reads it only when told the node is simulated.
 * `infiniband/<rdma_device>/ports/<p>/{state,link_layer,gid_attrs/ndevs/0}` (GID 0 of every port
-  names the netdev) and `device`; `class/infiniband/<rdma_device>` links to it.
+  names the netdev) and `device`; `class/infiniband/<rdma_device>` links to it. A RoCE port's
+  `gids/0` is the default GID the kernel derives from the netdev's MAC (fe80::EUI-64).
 * `infiniband_verbs/uverbs<N>/{ibdev,dev}`, `infiniband_mad/umad<M>/{ibdev,port,dev}` and
   `issm<M>` likewise, with `class/infiniband_verbs/...` and `class/infiniband_mad/...` links.
   Port p uses M = uverbs_index + 32 * (p - 1), so single-port NICs have umad<N> == uverbs<N>.
@@ -40,6 +41,14 @@ ARPHRD_INFINIBAND = 32
 
 def umad_index(nic: NicSpec, port: int) -> int:
     return nic.uverbs_index + UMAD_PORT_STRIDE * (port - 1)
+
+
+def default_gid(mac: str) -> str:
+    """The kernel's default RoCE GID of a netdev (`make_default_gid`): fe80::/64 and the modified
+    EUI-64 of its MAC (universal/local bit flipped, ff:fe in the middle), as sysfs spells GIDs."""
+    b = bytes.fromhex(mac.replace(":", ""))
+    eui = bytes([b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]])
+    return "fe80:0000:0000:0000:" + ":".join(eui[i : i + 2].hex() for i in range(0, 8, 2))
 
 
 def render_netdev(fn: Path, sysfs_root: Path, nic: NicSpec, ifname: str, dev_port: int = 0) -> Path:
@@ -79,6 +88,8 @@ def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
         write(port_dir / "state", f"{nic.port_state}\n")
         write(port_dir / "link_layer", f"{nic.link_layer}\n")
         write(port_dir / "gid_attrs" / "ndevs" / "0", f"{nic.ifname}\n")
+        if nic.link_layer == "Ethernet" and nic.mac:
+            write(port_dir / "gids" / "0", f"{default_gid(nic.mac)}\n")
     symlink(rdma / "device", fn)
     symlink(sysfs_root / "class" / "infiniband" / nic.rdma_device, rdma)
 

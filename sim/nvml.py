@@ -15,6 +15,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
@@ -100,3 +101,58 @@ def fake_pynvml_in_process(state_path: Path) -> Iterator[ModuleType]:
             os.environ.pop(STATE_ENV, None)
         else:
             os.environ[STATE_ENV] = saved_env
+
+
+# --- who holds NVML: GPU resets and driver unloads -----------------------------------------------
+
+
+@dataclass(frozen=True)
+class NvmlClient:
+    """What one live process holds of the fake NVML (its `<state>.clients/<pid>.json`)."""
+
+    pid: int
+    initialised: int  # nvmlInit calls not yet matched by nvmlShutdown
+    attached: frozenset[str]  # UUIDs of the GPUs it holds open
+    inits: int  # nvmlInit calls that ever succeeded
+
+
+class DeviceInUse(Exception):
+    """A reset or unload the real driver would refuse, because a process holds what it needs."""
+
+
+def nvml_clients(state_path: Path) -> dict[int, NvmlClient]:
+    """The live processes that have used the fake NVML with this state, by PID.
+
+    A process that died holds nothing (the kernel closed its files), whatever its file says.
+    """
+    out = {}
+    for path in sorted(state_path.with_name(state_path.name + ".clients").glob("*.json")):
+        raw = json.loads(path.read_text())
+        pid = int(raw["pid"])
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        out[pid] = NvmlClient(pid, int(raw["initialised"]), frozenset(raw["attached"]), int(raw["inits"]))
+    return out
+
+
+def reset_gpu(profile: NodeProfile, state_path: Path, index: int) -> None:
+    """`nvidia-smi -r -i <index>`: refused while a process holds the GPU, as the real reset is;
+    otherwise it clears what a reset clears (the recovery action, a pending row remap)."""
+    gpu = profile.gpus[index]
+    users = sorted(c.pid for c in nvml_clients(state_path).values() if gpu.uuid in c.attached)
+    if users:
+        raise DeviceInUse(f"GPU {gpu.pci_bus_id} is in use by process(es) {users}")
+    if gpu.recovery_action is not None:
+        gpu.recovery_action = 0
+    gpu.remapped_rows_pending = False
+    write_state(profile, state_path)
+
+
+def unload_driver(state_path: Path) -> None:
+    """`rmmod nvidia` before a driver upgrade: refused while any process has NVML open."""
+    users = sorted(c.pid for c in nvml_clients(state_path).values() if c.initialised)
+    if users:
+        raise DeviceInUse(f"module nvidia is in use by process(es) {users}")
+    write_driver_unloaded(state_path)

@@ -82,6 +82,9 @@ class GpuSpec:
     remapped_rows_failure: bool = False
     # nvmlDeviceGetRetiredPagesPendingStatus (before Ampere): a page retirement waits for a reset.
     retired_pages_pending: bool = False
+    # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an NVML_GPU_RECOVERY_ACTION_* value: 0 none, 1 GPU
+    # reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...); None: a driver without the field.
+    recovery_action: int | None = 0
 
 
 @dataclass

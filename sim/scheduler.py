@@ -114,3 +114,18 @@ def allocate(
             }
             return srv.update(claim)
     raise LookupError(f"no devices satisfy the claim's requests {[r.name for r in requests]}")
+
+
+def reserve(srv: Any, claim: dict, pod_name: str, pod_uid: str) -> dict:
+    """Reserves an allocated claim for a pod (`status.reservedFor`), as the scheduler does before
+    it binds the pod; the kubelet prepares a claim only for a pod it is reserved for."""
+    claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
+    claim["status"].setdefault("reservedFor", []).append({"resource": "pods", "name": pod_name, "uid": pod_uid})
+    return srv.update(claim)
+
+
+def unreserve(srv: Any, claim: dict) -> dict:
+    """Drops every reservation, as the claim controller does once the claim's pods are gone."""
+    claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
+    claim["status"].pop("reservedFor", None)
+    return srv.update(claim)

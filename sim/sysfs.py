@@ -9,12 +9,20 @@ Layout follows the kernel's so that discovery code cannot tell the difference:
 * `devices/system/node/node<N>/{distance,cpulist,cpu<K>}` describe the NUMA nodes and
   `devices/system/cpu/cpu<K>/topology/physical_package_id` their socket (`CPUS_PER_NODE` CPUs
   per node, numbered node by node).
-* `/dev/nvidia<minor>`, `nvidiactl`, `nvidia-uvm`, `nvidia-uvm-tools`, `nvidia-modeset` and
+* `/dev/nvidia<minor>`, `nvidiactl`, `nvidia-modeset`, `nvidia-uvm`, `nvidia-uvm-tools` and
   `nvidia-caps/nvidia-cap<N>`: character devices with NVIDIA's numbers when we may `mknod`
   (root), plain empty files otherwise (the demo runs unprivileged).
-* Under `proc_root` (optional): `devices` (the dynamic majors), `driver/nvidia-caps/mig-minors`
-  and `driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access`
-  (`DeviceFileMinor: <N>`), which map MIG devices to `/dev/nvidia-caps/nvidia-cap<N>`.
+* Lazily made nodes (`lazy_nodes`): on a real node nobody makes `nvidia-uvm`, `nvidia-uvm-tools`
+  and the `nvidia-caps/` nodes until the first CUDA process runs nvidia-modprobe. With
+  `lazy_nodes` they stay absent, so whoever hands them out must make them from `/proc` as
+  nvidia-modprobe does. Only where character devices can be made: an unprivileged tree gets them
+  up front as plain files (an unprivileged daemon could never make them), the state of a node
+  where nvidia-modprobe already ran.
+* Under `proc_root` (optional): `devices` (the kernel's table of majors, with the dynamic ones of
+  nvidia-uvm and nvidia-caps), `driver/nvidia/params` (the device-file mode and owner
+  nvidia-modprobe uses), `driver/nvidia-caps/mig-minors` and
+  `driver/nvidia/capabilities/gpu<minor>/mig/gi<G>[/ci<C>]/access` (`DeviceFileMinor: <N>`,
+  `DeviceFileMode: 292` = 0444), which map MIG devices to `/dev/nvidia-caps/nvidia-cap<N>`.
 
 Rendering is idempotent: it can be re-run over an existing tree after the profile changed (a
 removed device's files are not deleted; tests that remove hardware render a fresh tree).
@@ -80,15 +88,18 @@ def _render_numa(profile: NodeProfile, sysfs_root: Path) -> None:
     write(cpus / "online", f"0-{total - 1}\n")
 
 
-def _render_gpu_dev_nodes(profile: NodeProfile, dev_root: Path) -> None:
+def _render_gpu_dev_nodes(profile: NodeProfile, dev_root: Path, lazy_nodes: bool) -> None:
     use_mknod = os.geteuid() == 0
     if profile.gpus:
         use_mknod = char_device(dev_root / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR, use_mknod)
         char_device(dev_root / "nvidia-modeset", NVIDIA_MAJOR, NVIDIA_MODESET_MINOR, use_mknod)
-        char_device(dev_root / "nvidia-uvm", NVIDIA_UVM_MAJOR, 0, use_mknod)
-        char_device(dev_root / "nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1, use_mknod)
     for gpu in profile.gpus:
         char_device(dev_root / f"nvidia{gpu.minor}", NVIDIA_MAJOR, gpu.minor, use_mknod)
+    if lazy_nodes and use_mknod:
+        return  # nvidia-modprobe's to make, on first use
+    if profile.gpus:
+        char_device(dev_root / "nvidia-uvm", NVIDIA_UVM_MAJOR, 0, use_mknod)
+        char_device(dev_root / "nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1, use_mknod)
     if any(g.mig_capable for g in profile.gpus):
         caps = dev_root / "nvidia-caps"
         char_device(caps / f"nvidia-cap{MIG_CAP_CONFIG}", NVIDIA_CAPS_MAJOR, MIG_CAP_CONFIG, use_mknod)
@@ -106,12 +117,27 @@ def _access(minor: int) -> str:
     return f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n"
 
 
+# /proc/driver/nvidia/params as the driver prints it, the lines nvidia-modprobe reads among others
+# (DeviceFileMode 438 = 0666).
+_PARAMS = (
+    "ResmanDebugLevel: 4294967295\nRmLogonRC: 1\nModifyDeviceFiles: 1\nDeviceFileUID: 0\n"
+    "DeviceFileGID: 0\nDeviceFileMode: 438\nInitializeSystemMemoryAllocations: 1\n"
+)
+
+
 def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
+    # The kernel's format: right-aligned majors, one section per device type, a blank line between.
+    chars = [(1, "mem"), (4, "tty"), (10, "misc"), (NVIDIA_MAJOR, "nvidia-frontend")]
+    if profile.gpus:
+        chars += [(NVIDIA_CAPS_MAJOR, "nvidia-caps"), (NVIDIA_UVM_MAJOR, "nvidia-uvm")]
     write(
         proc_root / "devices",
         "Character devices:\n"
-        f"{NVIDIA_MAJOR} nvidia-frontend\n{NVIDIA_CAPS_MAJOR} nvidia-caps\n{NVIDIA_UVM_MAJOR} nvidia-uvm\n",
+        + "".join(f"{major:3d} {name}\n" for major, name in sorted(chars))
+        + "\nBlock devices:\n  7 loop\n  8 sd\n",
     )
+    if profile.gpus:
+        write(proc_root / "driver" / "nvidia" / "params", _PARAMS)
     mig_gpus: list[GpuSpec] = [g for g in profile.gpus if g.mig_capable]
     if not mig_gpus:
         return
@@ -137,8 +163,14 @@ def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
             )
 
 
-def render_node(profile: NodeProfile, sysfs_root: Path, dev_root: Path, proc_root: Path | None = None) -> None:
-    """Render the whole node: NUMA topology, GPUs (PCI, /dev, /proc when given), then NICs."""
+def render_node(
+    profile: NodeProfile, sysfs_root: Path, dev_root: Path, proc_root: Path | None = None, lazy_nodes: bool = False
+) -> None:
+    """Render the whole node: NUMA topology, GPUs (PCI, /dev, /proc when given), then NICs.
+
+    `lazy_nodes`: leave the nodes nvidia-modprobe makes on first use absent (see the module
+    docstring); give `proc_root` with it, or nothing can make them.
+    """
     _render_numa(profile, sysfs_root)
     for gpu in profile.gpus:
         pci_device_dir(
@@ -150,7 +182,7 @@ def render_node(profile: NodeProfile, sysfs_root: Path, dev_root: Path, proc_roo
             gpu.pci_device_id,
             "nvidia",
         )
-    _render_gpu_dev_nodes(profile, dev_root)
+    _render_gpu_dev_nodes(profile, dev_root, lazy_nodes)
     if proc_root is not None:
         _render_proc(profile, proc_root)
     for nic in profile.nics:

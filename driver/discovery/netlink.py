@@ -1,32 +1,46 @@
-"""The driver's one door to rtnetlink: chosen links with their addresses and whether they carry
-the default route, and an event socket for link and address changes.
+"""The driver's one door to rtnetlink: the links of a namespace, their addresses, speed and
+whether they carry the default route, and an event socket for link and address changes.
 
-Netlink is read, never written. A snapshot is taken in one short-lived `IPRoute` per call so that
-no pyroute2 state (it runs its own event loop) is shared between threads; the event socket is a
-plain `AF_NETLINK` datagram socket, because the watcher only needs to know *that* something
-changed, and a raw socket can be `select`ed together with a wake-up pipe.
+Netlink is read, never written. Links come from one dump per pass, decoded by `rtnl` (cheap:
+a node may have a thousand veths); addresses and routes of the few links discovery asks about
+through a short-lived pyroute2 `IPRoute` per call, so that no pyroute2 state (it runs its own
+event loop) is shared between threads. The event socket is a plain `AF_NETLINK` datagram socket,
+because the watchers only need to know *that* something changed, and a raw socket can be
+`select`ed together with a wake-up pipe.
+
+A socket "in" a namespace is made by pyroute2 (a forked child enters the namespace, opens it and
+passes it back); the kernel then answers it for that namespace, whatever the caller's own.
 """
 
 from __future__ import annotations
 
+import array
 import errno
+import fcntl
 import ipaddress
+import itertools
+import os
 import socket
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
-from pyroute2.netlink.exceptions import NetlinkError
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 
-ARPHRD_LOOPBACK = 772
-IFF_LOOPBACK = 0x8
+from driver.discovery import rtnl
+from driver.discovery.rtnl import Link, LinkState
+
 RT_SCOPE_UNIVERSE = 0
 RT_TABLE_MAIN = 254
 RTN_UNICAST = 1
+NLM_F_REQUEST = 0x1
+NLM_F_DUMP = 0x300
+SIOCETHTOOL = 0x8946
+ETHTOOL_GSET = 0x1
+SPEED_UNKNOWN = 0xFFFFFFFF
+DUMP_TRIES = 3  # a dump interrupted by a concurrent change (NLM_F_DUMP_INTR) is repeated
 
 # Multicast group bitmasks (the legacy RTMGRP_* values accepted by bind()).
 RTMGRP_LINK = 0x1
@@ -38,48 +52,20 @@ NIC_EVENT_GROUPS = RTMGRP_LINK | RTMGRP_IPV4_IFADDR | RTMGRP_IPV6_IFADDR
 # physical NIC below it). A veth's IFLA_LINK is its peer, which is not "below" it.
 _STACKED_KINDS = frozenset({"vlan", "macvlan", "macvtap", "ipvlan", "ipvtap"})
 
-_NLMSG_HEADER = struct.Struct("=IHHII")
-
-
-@dataclass(frozen=True)
-class Link:
-    """What netlink says about one netdev; addresses are global ones in CIDR form, sorted."""
-
-    index: int
-    name: str
-    mac: str
-    mtu: int
-    operstate: str  # lower case, as sysfs spells it: "up", "down", "unknown", ...
-    kind: str  # IFLA_INFO_KIND ("veth", "bridge", ...); "" for a plain device
-    master: int  # ifindex of the bridge/bond this link is a port of; 0 when none
-    lower: int  # IFLA_LINK: for a stacked link (vlan, macvlan) the link it rides on; 0 when none
-    loopback: bool
-    ipv4: tuple[str, ...] = ()
-    ipv6: tuple[str, ...] = ()
+# struct ethtool_cmd (ETHTOOL_GSET): speed is the u16 at offset 12 plus speed_hi at offset 28.
+_ETHTOOL_CMD_SIZE = 44
+_IFREQ = struct.Struct("@16sP")  # struct ifreq: name, then the ethtool_cmd pointer
+_sequence = itertools.count(1)
 
 
 @dataclass(frozen=True)
 class Snapshot:
-    links: dict[str, Link]  # the requested netdevs that exist, by name
+    links: dict[str, Link]  # the requested netdevs, by name, with addresses and speed
     # Those of them that carry the default route or are built into what does: the lowest-metric
     # default route of each family in the main table (every nexthop of a multipath route, every
     # route of an equal-metric tie), the devices under it when it is a stacked link (vlan, ...),
     # and the bridge/bond ports of any of these, recursively. Moving one would cut the node off.
     uplinks: frozenset[str]
-
-
-def _link(m: Any) -> Link:
-    return Link(
-        index=int(m.get("index")),
-        name=m.get("ifname") or "",
-        mac=(m.get("address") or "").lower(),
-        mtu=int(m.get("mtu") or 0),
-        operstate=str(m.get("operstate") or "unknown").lower(),
-        kind=m.get(("linkinfo", "kind")) or "",
-        master=int(m.get("master") or 0),
-        lower=int(m.get("link") or 0),
-        loopback=m.get("ifi_type") == ARPHRD_LOOPBACK or bool(m.get("flags", 0) & IFF_LOOPBACK),
-    )
 
 
 def _global_cidrs(messages: Iterable[Any], index: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -98,23 +84,11 @@ def _global_cidrs(messages: Iterable[Any], index: int) -> tuple[tuple[str, ...],
 
 
 class _Reader:
-    """One short-lived IPRoute; links fetched one by one (by name or index) and remembered."""
+    """One short-lived IPRoute, over the namespace's links as one dump found them."""
 
-    def __init__(self, ipr: IPRoute) -> None:
+    def __init__(self, ipr: IPRoute, by_index: Mapping[int, Link]) -> None:
         self.ipr = ipr
-        self.by_index: dict[int, Link] = {}
-
-    def get(self, **key: Any) -> Link | None:
-        if "index" in key and key["index"] in self.by_index:
-            return self.by_index[key["index"]]
-        try:
-            link = _link(self.ipr.link("get", **key)[0])
-        except NetlinkError as e:
-            if e.code == errno.ENODEV:
-                return None
-            raise
-        self.by_index[link.index] = link
-        return link
+        self.by_index = by_index
 
     def with_addresses(self, link: Link) -> Link:
         # With strict checking the kernel filters the dump by index; _global_cidrs checks again
@@ -132,7 +106,7 @@ class _Reader:
         carrying = set(_default_route_links(routes))
         todo = list(carrying)
         while todo:  # down through stacked links: a VLAN uplink rides on its physical NIC
-            link = self.get(index=todo.pop())
+            link = self.by_index.get(todo.pop())
             if link and link.kind in _STACKED_KINDS and link.lower and link.lower not in carrying:
                 carrying.add(link.lower)
                 todo.append(link.lower)
@@ -146,26 +120,101 @@ class _Reader:
             if not current.master or current.master in seen:
                 return False
             seen.add(current.master)
-            current = self.get(index=current.master)
+            current = self.by_index.get(current.master)
         return current is not None
 
 
-def read_links(names: Iterable[str], netns: str | None = None) -> Snapshot:
-    """Netlink's view of the named netdevs of `netns` (a name under /var/run/netns, or the caller's
-    own namespace when None; never created). Names netlink does not know are left out.
+class RouteSocket:
+    """A raw rtnetlink socket in `netns` (the caller's own when None) for one pass: the
+    namespace's links in one dump or one by one, and their speed (an ethtool ioctl on any socket
+    of a namespace reaches that namespace's netdevs). OSError when the namespace cannot be entered."""
 
-    Only the named links are asked for (plus the few on the default route's path): decoding a full
-    link dump costs pyroute2 about 0.3 ms per netdev, and a node with a thousand veths has only a
-    handful of PCI functions worth knowing about.
+    def __init__(self, netns: str | None = None) -> None:
+        self.sock = _raw_socket(netns)
+
+    def __enter__(self) -> RouteSocket:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.sock.close()
+
+    def links(self) -> list[Link]:
+        """Every link of the namespace (RTM_GETLINK dump), loopback included."""
+        for _ in range(DUMP_TRIES):
+            links, interrupted = self._dump()
+            if not interrupted:
+                return links
+        return links  # still changing under us: what we have is as good as a moment later
+
+    def _dump(self) -> tuple[list[Link], bool]:
+        links: list[Link] = []
+        interrupted = False
+        for kind, flags, data, start, end in self._ask(NLM_F_DUMP, rtnl.IFINFO.pack(socket.AF_UNSPEC, 0, 0, 0, 0)):
+            interrupted = interrupted or bool(flags & rtnl.NLM_F_DUMP_INTR)
+            if kind == rtnl.RTM_NEWLINK and (decoded := rtnl.decode_link(data, start, end)):
+                links.append(decoded[0])
+        return links, interrupted
+
+    def get(self, index: int = 0, name: str = "") -> tuple[Link, LinkState] | None:
+        """One link by ifindex or name (RTM_GETLINK); None when the namespace has no such link."""
+        request = rtnl.IFINFO.pack(socket.AF_UNSPEC, 0, index, 0, 0)
+        if name:
+            value = name.encode() + b"\0"
+            request += struct.pack("=HH", 4 + len(value), rtnl.IFLA_IFNAME) + value + bytes(-len(value) % 4)
+        try:
+            for kind, _, data, start, end in self._ask(0, request):
+                if kind == rtnl.RTM_NEWLINK:
+                    return rtnl.decode_link(data, start, end)
+        except OSError as e:
+            if e.errno in (errno.ENODEV, errno.ENOENT):
+                return None
+            raise
+        return None
+
+    def _ask(self, flags: int, request: bytes) -> Iterator[tuple[int, int, bytes, int, int]]:
+        """Sends one RTM_GETLINK request; yields (type, flags, datagram, start, end) of each message
+        answering it, up to the end of a dump or the one answer; OSError for an error answer."""
+        seq = next(_sequence)
+        header = rtnl.HEADER.pack(rtnl.HEADER.size + len(request), rtnl.RTM_GETLINK, NLM_F_REQUEST | flags, seq, 0)
+        self.sock.send(header + request)
+        while True:
+            data = self.sock.recv(1 << 20)
+            for kind, msg_flags, start, end in rtnl.messages(data):
+                if rtnl.HEADER.unpack_from(data, start - rtnl.HEADER.size)[3] != seq:
+                    continue  # the answer to an earlier request given up on
+                if kind == rtnl.NLMSG_DONE:
+                    return
+                if kind == rtnl.NLMSG_ERROR:
+                    code = -struct.unpack_from("=i", data, start)[0]
+                    raise OSError(code, f"RTM_GETLINK: {os.strerror(code)}")
+                yield kind, msg_flags, data, start, end
+                if not msg_flags & rtnl.NLM_F_MULTI:
+                    return
+
+    def speed(self, name: str) -> int | None:
+        """The link speed in Mb/s, the value `ethtool` and sysfs `speed` show; None when the
+        kernel does not know it (link down, a driver without link settings, a vanished link)."""
+        cmd = array.array("B", bytes(_ETHTOOL_CMD_SIZE))
+        struct.pack_into("=I", cmd, 0, ETHTOOL_GSET)
+        try:
+            fcntl.ioctl(self.sock.fileno(), SIOCETHTOOL, _IFREQ.pack(name.encode(), cmd.buffer_info()[0]))
+        except OSError:
+            return None
+        speed = struct.unpack_from("=H", cmd, 12)[0] | struct.unpack_from("=H", cmd, 28)[0] << 16
+        return None if speed in (0, SPEED_UNKNOWN) else speed
+
+
+def read_links(chosen: Iterable[Link], everything: Mapping[int, Link], netns: str | None = None) -> Snapshot:
+    """The `chosen` links (from a `RouteSocket.links` dump: `everything`, by ifindex) of `netns`
+    with their global addresses, and which of them carry the default route.
+
+    Addresses are asked for link by link: decoding a full address dump costs pyroute2 about
+    0.3 ms per message, and a node with a thousand veths has only a handful of NICs.
     """
     ipr = IPRoute(netns=netns, flags=0, strict_check=True) if netns else IPRoute(strict_check=True)
     try:
-        reader = _Reader(ipr)
-        links = {}
-        for name in names:
-            link = reader.get(ifname=name)
-            if link is not None:
-                links[name] = reader.with_addresses(link)
+        reader = _Reader(ipr, everything)
+        links = {link.name: reader.with_addresses(link) for link in chosen}
         carrying = reader.carrying_default_route()
         uplinks = frozenset(name for name, link in links.items() if reader.is_part_of(link, carrying))
     finally:
@@ -193,12 +242,16 @@ def namespace_name(netns: str | None) -> str:
     return f"network namespace {netns!r}" if netns else "the driver's network namespace"
 
 
+def _raw_socket(netns: str | None) -> socket.socket:
+    """An rtnetlink socket in `netns` (never created here), or in the caller's namespace."""
+    if netns:
+        return pyroute2_netns.create_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE, flags=0)
+    return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+
+
 def open_event_socket(netns: str | None = None, groups: int = NIC_EVENT_GROUPS) -> socket.socket:
     """A non-blocking rtnetlink socket subscribed to `groups` in `netns` (never created here)."""
-    if netns:
-        sock = pyroute2_netns.create_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE, flags=0)
-    else:
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+    sock = _raw_socket(netns)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
         sock.bind((0, groups))  # port id 0: the kernel assigns one
@@ -209,103 +262,18 @@ def open_event_socket(netns: str | None = None, groups: int = NIC_EVENT_GROUPS) 
     return sock
 
 
-def count_messages(datagram: bytes) -> int:
-    """Number of netlink messages in one datagram (the kernel may batch several)."""
-    count, offset = 0, 0
-    while offset + _NLMSG_HEADER.size <= len(datagram):
-        length = _NLMSG_HEADER.unpack_from(datagram, offset)[0]
-        if length < _NLMSG_HEADER.size:
-            break
-        count += 1
-        offset += (length + 3) & ~3
-    return count
-
-
-# Link-state reading for health monitoring: whether a netdev can carry traffic, not what it is.
-
-IFF_UP = 0x1
-IFF_LOWER_UP = 0x10000
-RTM_NEWLINK = 16
-RTM_DELLINK = 17
-
-
-@dataclass(frozen=True)
-class LinkState:
-    """Whether a netdev can pass traffic right now, as one RTM_NEWLINK message says it."""
-
-    index: int
-    name: str
-    operstate: str  # lower case, as sysfs spells it: "up", "down", "lowerlayerdown", "unknown", ...
-    admin_up: bool  # IFF_UP: someone ran `ip link set up`
-    carrier: bool  # IFLA_CARRIER (IFF_LOWER_UP when the kernel leaves it out)
-
-
-@dataclass(frozen=True)
-class LinkEvent:
-    """One link message from the event socket; `deleted` when the link left this namespace."""
-
-    state: LinkState
-    deleted: bool = False
-
-
-def _link_state(m: Any) -> LinkState:
-    flags = int(m.get("flags") or 0)
-    carrier = m.get("carrier")
-    return LinkState(
-        index=int(m.get("index")),
-        name=m.get("ifname") or "",
-        operstate=str(m.get("operstate") or "unknown").lower(),
-        admin_up=bool(flags & IFF_UP),
-        carrier=bool(flags & IFF_LOWER_UP) if carrier is None else bool(carrier),
-    )
-
-
 def read_link_states(
     names: Iterable[str], netns: str | None = None, indexes: Mapping[str, int] | None = None
 ) -> dict[str, LinkState]:
     """The link state of each named netdev of `netns` that exists there, keyed by the name asked
-    for. A name with a known ifindex in `indexes` is looked up by that index first, so a netdev
-    renamed since its name was learnt is still found; by name when the index is gone. One
-    short-lived `IPRoute`, one request per link (see `read_links` for why not a dump)."""
-    ipr = IPRoute(netns=netns, flags=0, strict_check=True) if netns else IPRoute(strict_check=True)
+    for: whether it can carry traffic, for health monitoring. A name with a known ifindex in
+    `indexes` is looked up by that index first, so a netdev renamed since its name was learnt is
+    still found; by name when the index is gone. One request per link, not a dump."""
     out: dict[str, LinkState] = {}
-
-    def get(**key: Any) -> LinkState | None:
-        try:
-            return _link_state(ipr.link("get", **key)[0])
-        except NetlinkError as e:
-            if e.code != errno.ENODEV:
-                raise
-            return None
-
-    try:
+    with RouteSocket(netns) as rs:
         for name in names:
             index = (indexes or {}).get(name, 0)
-            state = (get(index=index) if index else None) or get(ifname=name)
-            if state is not None:
-                out[name] = state
-    finally:
-        ipr.close()
+            found = (rs.get(index=index) if index else None) or rs.get(name=name)
+            if found is not None:
+                out[name] = found[1]
     return out
-
-
-def parse_link_events(datagram: bytes) -> list[LinkEvent]:
-    """The RTM_NEWLINK/RTM_DELLINK messages of one datagram from `open_event_socket`; other
-    messages (addresses) are skipped, and so is a message too short or malformed to decode."""
-    events: list[LinkEvent] = []
-    offset = 0
-    while offset + _NLMSG_HEADER.size <= len(datagram):
-        length, kind = _NLMSG_HEADER.unpack_from(datagram, offset)[:2]
-        if length < _NLMSG_HEADER.size or offset + length > len(datagram):
-            break
-        if kind in (RTM_NEWLINK, RTM_DELLINK):
-            msg = ifinfmsg(datagram[offset : offset + length])
-            try:
-                msg.decode()
-                state = _link_state(msg)
-            except Exception:  # pyroute2 raises assorted errors on a truncated attribute
-                state = None
-            if state is not None:
-                events.append(LinkEvent(state, deleted=kind == RTM_DELLINK))
-        offset += (length + 3) & ~3
-    return events

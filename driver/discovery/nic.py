@@ -3,8 +3,8 @@
 One pass of `NicDiscovery.discover` runs the three steps: `nic_scan` lists the netdevs and groups
 them by PCI function, `nic_device` turns each function into a published device, and `link_hold`
 holds back link facts that have not settled yet. What is skipped and why is said in those
-modules; here the configured exclusions (`exclude_interfaces`: netdev names or PCI addresses) and
-the default-route functions are left out.
+modules; here the default-route functions are left out, and a kept NIC the configured exclusions
+(`--exclude-nics`) name is not kept: excluded means never published, allocated or not.
 
 Kept devices: `discover(keep=...)` names PCI addresses of allocated NICs. One that discovery does
 not publish now (its netdev moved into a pod, or it stopped qualifying) is published from its last
@@ -17,14 +17,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
+from driver.config import NO_EXCLUSIONS, NicExclusions
 from driver.discovery.link_hold import LinkHold
 from driver.discovery.nic_device import NicDeviceReader
 from driver.discovery.nic_scan import NicScanner
-from driver.discovery.nic_sysfs import BDF, BROKEN
+from driver.discovery.nic_sysfs import BROKEN
+from driver.discovery.rtnl import Link
 from driver.model import Device
 
 log = logging.getLogger(__name__)
@@ -49,27 +51,38 @@ class NicDiscovery:
         list_attributes: bool = False,
         netns: str | None = None,
         skip_default_route: bool = True,
-        exclude_interfaces: Iterable[str] = (),
+        exclude: NicExclusions = NO_EXCLUSIONS,
         netlink: bool = True,
         link_hold: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         link_events: Callable[[str], int] | None = None,
     ) -> None:
         sysfs_root = Path(sysfs_root)
-        self.exclude = frozenset(x.lower() if BDF.match(x.lower()) else x for x in exclude_interfaces)
+        self.exclude = exclude
         self._scanner = NicScanner(
-            sysfs_root, netlink=netlink, netns=netns, skip_default_route=skip_default_route, exclude=self.exclude
+            sysfs_root, netlink=netlink, netns=netns, skip_default_route=skip_default_route, exclude=exclude
         )
-        self._reader = NicDeviceReader(sysfs_root, Path(dev_root), list_attributes)
+        self._reader = NicDeviceReader(sysfs_root, list_attributes)
         self._hold = LinkHold(link_hold, clock, link_events or (lambda _name: 0))
         self._lock = threading.Lock()
         self._last_known: dict[str, Device] = {}
+        self._nic_indexes: frozenset[int] = frozenset()  # replaced whole: read without the lock
 
     @property
     def pending_until(self) -> float | None:
         """When a held link change becomes due (clock time): rediscover then to publish it."""
         with self._lock:
             return self._hold.pending_until()
+
+    def may_be_nic(self, link: Link) -> bool:
+        """Whether a link an event names can be a NIC this discovery publishes (the NIC watcher's
+        filter); cheap, and safe to call from another thread while a discovery runs."""
+        return self._scanner.may_be_nic(link)
+
+    def is_nic(self, ifindex: int) -> bool:
+        """Whether the last discovery found a NIC's netdev at this ifindex (netlink mode): lets
+        the NIC watcher correct a verdict it could not reach from one message."""
+        return ifindex in self._nic_indexes
 
     def discover(self, keep: Keep = ()) -> list[Device]:
         """The RDMA NICs to publish now, sorted by name. `keep`: PCI addresses of allocated NICs.
@@ -80,11 +93,9 @@ class NicDiscovery:
         with self._lock:
             kept = {k.lower() for k in (keep() if callable(keep) else keep)}
             scan = self._scanner.scan()
+            self._nic_indexes = scan.nic_indexes
             devices: dict[str, Device] = {}
             for bdf, netdevs in sorted(scan.functions.items()):
-                if bdf in self.exclude:
-                    log.debug("skip %s: excluded by configuration", bdf)
-                    continue
                 if bdf in scan.uplink_functions:
                     log.debug("skip %s: carries (or is a VF of) the default-route uplink", bdf)
                     continue
@@ -97,6 +108,11 @@ class NicDiscovery:
                     devices[bdf] = device
             self._last_known.update(devices)
             for bdf in sorted(kept - devices.keys()):
+                last = self._last_known.get(bdf)
+                names = [last.nic.ifname] if last and last.nic else []
+                if bdf in scan.excluded or self.exclude.match(bdf, names):
+                    log.info("allocated NIC %s is excluded by --exclude-nics: not published", bdf)
+                    continue
                 absent = self._absent(bdf)
                 if absent is not None:
                     devices[bdf] = absent

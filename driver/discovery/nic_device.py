@@ -46,9 +46,8 @@ def device_name(pci_address: str) -> str:
 class NicDeviceReader:
     """Reads what sysfs says about one PCI function and builds its `Device` (kind NIC)."""
 
-    def __init__(self, sysfs_root: Path, dev_root: Path, list_attributes: bool) -> None:
+    def __init__(self, sysfs_root: Path, list_attributes: bool) -> None:
         self.sysfs_root = sysfs_root
-        self.dev_root = dev_root
         self.list_attributes = list_attributes
 
     def device(self, bdf: str, netdevs: list[Netdev]) -> Device | None:
@@ -79,9 +78,8 @@ class NicDeviceReader:
         attrs: dict[str, AttrValue] = {"type": "nic"}
         if rep is not None:
             attrs.update(ifName=rep.name, mac=rep.mac, mtu=rep.mtu)
-            speed = read_int(self.sysfs_root / "class/net" / rep.name / "speed", -1)
-            if speed is not None and speed > 0:
-                attrs["speed"] = speed
+            if rep.speed:
+                attrs["speed"] = rep.speed
             attrs["state"] = rep.operstate
         if link_layer:
             attrs["linkLayer"] = link_layer
@@ -110,6 +108,7 @@ class NicDeviceReader:
             mac=rep.mac if rep else "",
             ipv4=ipv4,
             ipv6=ipv6,
+            port=port,
             uverbs=uverbs,
             umad=umad,
             issm=issm,
@@ -149,19 +148,19 @@ class NicDeviceReader:
                 continue
         return False
 
-    def _char_device(self, class_dir: Path, prefix: str, rdma_name: str, port: int | None) -> str:
-        """`uverbs3`-style name of the char device of this RDMA device (and port), when its node
-        exists under dev_root; entries that say which device/port they belong to must match."""
+    @staticmethod
+    def _char_device(class_dir: Path, prefix: str, rdma_name: str, port: int | None) -> str:
+        """`uverbs3`-style name of the char device of this RDMA device (and port) as sysfs lists it;
+        entries that say which device/port they belong to must match. "" when the module that
+        provides it (ib_uverbs, ib_umad) is not loaded. Whether its node exists under /dev is for
+        prepare to check (`driver.device_nodes`): nodes come and go, a claim must fail naming one."""
         for entry in sorted(class_dir.glob(f"{prefix}*")):
             ibdev = read_or_empty(entry / "ibdev")
             if ibdev and ibdev != rdma_name:
                 continue
             if port is not None and read_int(entry / "port", port) != port:
                 continue
-            if (self.dev_root / "infiniband" / entry.name).exists():
-                return entry.name
-            log.debug("%s: %s has no node under %s/infiniband", rdma_name, entry.name, self.dev_root)
-            return ""
+            return entry.name
         return ""
 
     def _address_attributes(self, ipv4: tuple[str, ...], ipv6: tuple[str, ...]) -> dict[str, AttrValue]:

@@ -3,6 +3,17 @@
 Netlink says *that* something changed, not what a NIC now looks like: the watcher only wakes the
 NIC refresh loop, coalesced, and rediscovery reads the facts afresh. It also counts link messages
 per netdev, which the link hold uses to see a flap that happened between two discoveries.
+
+Most links are never NICs: on a node with a CNI every pod start creates and deletes a veth, and
+rediscovering for each would dump links and routing tables thousands of times an hour. Each link
+message is judged by `may_be_nic` (netlink's parent device, or one sysfs look-up) when it arrives,
+and the verdict is kept per ifindex until the link leaves the namespace: a message about a link
+that is no NIC, and never was one, and an address message of such a link, are dropped before any
+work. The links that exist when the watcher starts are judged from one link dump (a link
+announces itself only when it appears); what the watcher still cannot judge (an address message
+of a link it has no verdict for) counts, so nothing is missed. Both per-link tables shrink when a
+link leaves, and are bounded by `MAX_TRACKED_LINKS` besides; after the kernel dropped events, or
+at that bound, they are judged afresh from a new dump.
 """
 
 from __future__ import annotations
@@ -14,11 +25,14 @@ import threading
 import time
 from collections.abc import Callable
 
-from driver.discovery import netlink
+from driver.discovery import netlink, rtnl
 from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.rtnl import Link
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
+
+MAX_TRACKED_LINKS = 1 << 16
 
 
 class NicWatcher:
@@ -29,7 +43,9 @@ class NicWatcher:
     seconds without a callback it runs anyway, to catch what netlink did not say (sysfs-only
     changes, a dropped event, a default-route change: route events are not subscribed to).
     `trigger()` asks for a rescan as if an event had arrived. With `netlink=False` (the simulated
-    node) only `trigger()` and the resync call it.
+    node) only `trigger()` and the resync call it. `may_be_nic` judges a link message (see the
+    module docstring); by default every link may be one. `is_nic` says which ifindexes the last
+    discovery found NICs at: those always count, whatever the message let the watcher judge.
     """
 
     def __init__(
@@ -40,6 +56,8 @@ class NicWatcher:
         quiet: float = 0.15,
         max_delay: float = 1.0,
         netlink: bool = True,
+        may_be_nic: Callable[[Link], bool] = lambda _link: True,
+        is_nic: Callable[[int], bool] = lambda _index: False,
     ) -> None:
         self.callback = callback
         self.netns = netns
@@ -47,8 +65,12 @@ class NicWatcher:
         self.quiet = quiet
         self.max_delay = max_delay
         self.use_netlink = netlink
+        self.may_be_nic = may_be_nic
+        self.is_nic = is_nic
         self.events = 0  # netlink messages received
-        self._link_events: dict[str, int] = {}  # link messages per interface name
+        self.ignored = 0  # of those, messages about links that are no NIC
+        self._nic_links: dict[int, tuple[bool, str]] = {}  # ifindex -> (may be a NIC, name)
+        self._link_events: dict[str, int] = {}  # link messages per name of a link that may be a NIC
         self.callbacks = 0
         self._sock: socket.socket | None = None
         self._wakeup: WakePipe | None = None
@@ -62,6 +84,11 @@ class NicWatcher:
         return self._link_events.get(ifname, 0)
 
     @property
+    def tracked(self) -> tuple[int, int]:
+        """Sizes of the per-link tables: (links with a verdict, names with a message count)."""
+        return len(self._nic_links), len(self._link_events)
+
+    @property
     def idle(self) -> bool:
         """True when no event is waiting to be reported."""
         return self._pending_since is None
@@ -71,6 +98,7 @@ class NicWatcher:
         if self.use_netlink:
             try:
                 self._sock = netlink.open_event_socket(self.netns)
+                self._judge_existing_links()
             except OSError as e:
                 where = netlink.namespace_name(self.netns)
                 raise NicDiscoveryError(f"cannot subscribe to netlink events of {where}: {e}") from e
@@ -139,11 +167,70 @@ class NicWatcher:
                 return got
             except OSError as e:  # ENOBUFS: the kernel dropped events; a rescan covers them
                 log.info("netlink event socket: %s; rescanning", e)
+                self._rejudge()  # a NEWLINK or DELLINK may be among the lost
                 return True
-            self.events += netlink.count_messages(data)
-            for event in netlink.parse_link_events(data):
-                self._link_events[event.state.name] = self._link_events.get(event.state.name, 0) + 1
-            got = True
+            for kind, _, begin, end in rtnl.messages(data):
+                self.events += 1
+                if self._matters(kind, data, begin, end):
+                    got = True
+                else:
+                    self.ignored += 1
+
+    def _matters(self, kind: int, data: bytes, start: int, end: int) -> bool:
+        """Whether one message may concern a NIC; keeps the per-link verdicts and counts."""
+        if kind in (rtnl.RTM_NEWADDR, rtnl.RTM_DELADDR):  # its link's verdict; no verdict counts
+            index = rtnl.address_index(data, start, end)
+            return index is None or self._nic_links.get(index, (True, ""))[0] or self.is_nic(index)
+        if kind not in (rtnl.RTM_NEWLINK, rtnl.RTM_DELLINK):
+            return False  # nothing else is subscribed to
+        peeked = rtnl.peek_link(data, start, end)
+        if peeked is None:
+            return True  # too short to judge
+        index, name = peeked
+        deleted = kind == rtnl.RTM_DELLINK
+        before = self._nic_links.get(index)
+        if before is not None and not before[0] and not self.is_nic(index):  # judged no NIC
+            if deleted:
+                del self._nic_links[index]
+                return False
+            if before[1] == name:
+                return False  # and not renamed since: nothing more to read
+        decoded = rtnl.decode_link(data, start, end)
+        if decoded is None:
+            return True
+        link = decoded[0]
+        self._nic_links.pop(index, None)
+        if before is not None and before[1] != name:
+            self._link_events.pop(before[1], None)  # renamed: the old name is no NIC's any more
+        if deleted:
+            # Judged when it was seen; a link never seen is judged now, if netlink names its
+            # parent device (sysfs no longer shows a link that has left).
+            nic = before[0] if before is not None else (self.may_be_nic(link) if link.parent_bus else True)
+            self._link_events.pop(name, None)
+        else:
+            nic = self.may_be_nic(link)
+            if len(self._nic_links) >= MAX_TRACKED_LINKS or len(self._link_events) >= MAX_TRACKED_LINKS:
+                self._rejudge()
+            self._nic_links[index] = (nic, name)
+        if nic or (before is not None and before[0]) or self.is_nic(index):
+            if not deleted:
+                self._link_events[name] = self._link_events.get(name, 0) + 1
+            return True
+        return False
+
+    def _judge_existing_links(self) -> None:
+        """A verdict for every link of the namespace now: OSError when it cannot be read."""
+        with netlink.RouteSocket(self.netns) as rs:
+            links = rs.links()
+        self._nic_links = {link.index: (self.may_be_nic(link), link.name) for link in links}
+        self._link_events = {n: self._link_events.get(n, 0) for nic, n in self._nic_links.values() if nic}
+
+    def _rejudge(self) -> None:
+        try:
+            self._judge_existing_links()
+        except OSError as e:  # no verdicts: every message counts until links are seen again
+            log.warning("cannot list the links of %s: %s", netlink.namespace_name(self.netns), e)
+            self._nic_links, self._link_events = {}, {}
 
     def _call(self) -> None:
         self.callbacks += 1

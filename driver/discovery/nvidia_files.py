@@ -7,11 +7,33 @@ binaries nvidia-smi, nvidia-debugdump, nvidia-persistenced, nvidia-cuda-mps-cont
 nvidia-cuda-mps-server, nvidia-imex, nvidia-imex-ctl; GSP firmware"); Tandem does the same as
 read-only bind mounts.
 
-NVIDIA adds the soname links (`libcuda.so.1 -> libcuda.so.580.95.05`) with a `create-symlinks`
-hook and refreshes the linker cache with `update-ldcache`; Tandem ships no hook binary, so it
-bind-mounts every name instead: the real file at its own path and each link at the link's path
-(a bind mount of a link mounts the file it points to). The container's dynamic linker finds
-them in the distribution's default directories, the same ones they have in the driver root.
+Libraries must be loadable whatever distribution the image is built from, and the host's
+directory means nothing to the image's loader: Ubuntu keeps them in `/usr/lib/x86_64-linux-gnu`,
+which a UBI image's loader never searches, and a RHEL host's `/usr/lib64` is not searched by an
+Ubuntu image's. The ways to tell the loader, weighed:
+
+* `LD_LIBRARY_PATH` in the CDI env: works in any image, but CDI replaces env by key, so it
+  would wipe the image's own value (NGC images list CUDA compat, PyTorch and TensorRT directories
+  there), and a variable CDI sets cannot be corrected from the pod spec.
+* A drop-in in `/etc/ld.so.conf.d` plus a hook running ldconfig (what nvidia-ctk's
+  `update-ldcache` does): a `startContainer` hook runs the image's ldconfig, which distroless,
+  busybox and musl images lack, which fails as a non-root user or on a read-only root, and which
+  fails the container when it fails; a `createContainer` hook runs on the host as root against the
+  container's root filesystem, so it needs a hook binary installed on every node and is exactly
+  the attack surface of NVIDIA's hook CVEs (CVE-2024-0132, CVE-2025-23266). Tandem installs
+  nothing on the host.
+* Bind mounts into the loader's own search path: glibc's loader, after `/etc/ld.so.cache` and
+  before giving up, searches the directories it was built with: `/lib/<triplet>`,
+  `/usr/lib/<triplet>`, `/lib`, `/usr/lib` on Debian and Ubuntu, `/lib64`, `/usr/lib64` on RHEL,
+  UBI, Rocky, Fedora, SUSE and Amazon Linux, `/usr/lib` on Arch. Mounts need no cache, hook,
+  environment, tool in the image, writable root or privilege, and CDI 0.3.0 has them.
+
+Tandem takes the last: every library name is mounted in each of `LOADER_DIRS` (`/usr/lib/<triplet>`
+for the node's machine, `/usr/lib64`, `/usr/lib`), whatever directory the host keeps it in. A name
+the image already has there is shadowed by the driver's, as with NVIDIA's mounts. NVIDIA also adds
+the soname links (`libcuda.so.1 -> libcuda.so.580.95.05`) with a `create-symlinks` hook; Tandem
+bind-mounts every name instead, the real file's and each link's (a bind mount of a link mounts the
+file it points to).
 
 The scan runs at start-up and on rediscovery, never on the prepare path. The driver root may be
 a driver container's root filesystem (`/run/nvidia/driver`), so links are resolved as if the root
@@ -23,6 +45,7 @@ from __future__ import annotations
 
 import logging
 import os
+import platform
 import re
 import stat
 from dataclasses import dataclass
@@ -40,6 +63,10 @@ LIBRARY_DIRS = (
     "usr/lib64",
     "lib64",
 )
+# Where the libraries go in the container (see the module docstring); `{triplet}` is the node's
+# multiarch directory, left out on a machine not in `TRIPLETS`.
+LOADER_DIRS = ("/usr/lib/{triplet}", "/usr/lib64", "/usr/lib")
+TRIPLETS = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu", "ppc64le": "powerpc64le-linux-gnu"}
 BINARY_DIRS = ("usr/bin", "bin")
 FIRMWARE_DIRS = ("lib/firmware/nvidia", "usr/lib/firmware/nvidia")
 
@@ -78,7 +105,8 @@ class DriverFiles:
     """What to bind-mount, as (host path, container path) pairs.
 
     The host path is the resolved regular file (or directory) inside the driver root; the container
-    path is the name found, relative to the driver root and re-rooted at `/`.
+    path of a library is its name in each of `LOADER_DIRS`, that of a binary or firmware directory
+    the name found, relative to the driver root and re-rooted at `/`.
     """
 
     libraries: tuple[tuple[str, str], ...] = ()
@@ -91,12 +119,12 @@ class DriverFiles:
         return self.libraries + self.binaries + self.firmware
 
 
-class _Escape(Exception):
+class OutsideRoot(Exception):
     """A path leaves the driver root or cannot be resolved inside it."""
 
 
 def resolve_in_root(root: Path, relative: PurePosixPath) -> Path:
-    """Resolve `relative` inside `root` as a chroot would, following links; raise `_Escape`.
+    """Resolve `relative` inside `root` as a chroot would, following links; raise `OutsideRoot`.
 
     Absolute link targets are taken relative to `root` (they name files of the root's own tree);
     a `..` that would go above `root` is an escape, not clamped, because it means the tree was not
@@ -111,20 +139,20 @@ def resolve_in_root(root: Path, relative: PurePosixPath) -> Path:
             continue
         if part == "..":
             if not resolved:
-                raise _Escape(f"{relative} climbs out of the driver root")
+                raise OutsideRoot(f"{relative} climbs out of the driver root")
             resolved.pop()
             continue
         candidate = root.joinpath(*resolved, part)
         try:
             mode = os.lstat(candidate).st_mode
         except OSError as e:
-            raise _Escape(f"{candidate}: {e.strerror}") from None
+            raise OutsideRoot(f"{candidate}: {e.strerror}") from None
         if not stat.S_ISLNK(mode):
             resolved.append(part)
             continue
         links += 1
         if links > _MAX_LINKS:
-            raise _Escape(f"{relative}: too many levels of symbolic links")
+            raise OutsideRoot(f"{relative}: too many levels of symbolic links")
         target = PurePosixPath(os.readlink(candidate))
         if target.is_absolute():
             resolved = []
@@ -148,7 +176,7 @@ def _scan_dirs(root: Path, dirs: tuple[str, ...]) -> list[tuple[PurePosixPath, P
     for rel in dirs:
         try:
             real = resolve_in_root(root, PurePosixPath(rel))
-        except _Escape as e:
+        except OutsideRoot as e:
             if os.path.lexists(root / rel):
                 log.warning("ignoring driver directory %s: %s", root / rel, e)
             continue
@@ -163,7 +191,7 @@ def _entry(root: Path, rel: PurePosixPath, want_dir: bool = False) -> tuple[str,
     try:
         real = resolve_in_root(root, rel)
         st = os.stat(real)
-    except (_Escape, OSError) as e:
+    except (OutsideRoot, OSError) as e:
         log.warning("ignoring NVIDIA driver file %s: %s", root / rel, e)
         return None
     if (stat.S_ISDIR if want_dir else stat.S_ISREG)(st.st_mode):
@@ -172,17 +200,24 @@ def _entry(root: Path, rel: PurePosixPath, want_dir: bool = False) -> tuple[str,
     return None
 
 
-def find_driver_files(driver_root: Path, host_root: Path | None = None) -> DriverFiles:
+def loader_dirs(machine: str) -> tuple[str, ...]:
+    """`LOADER_DIRS` for a machine (`platform.machine()`)."""
+    triplet = TRIPLETS.get(machine)
+    return tuple(d.format(triplet=triplet) for d in LOADER_DIRS if triplet or "{triplet}" not in d)
+
+
+def find_driver_files(driver_root: Path, host_root: Path | None = None, machine: str = "") -> DriverFiles:
     """Scan `driver_root` (the host's `/` or a driver container's root) for the driver's files.
 
     `host_root` is where the container runtime finds that same root on the host, when the daemon
     sees it elsewhere (the DaemonSet mounts the host's `/` at `/driver-root`): CDI host paths are
     resolved by the runtime on the host, so they are re-rooted there.
     Unreadable or escaping entries are logged and skipped; a root without a driver yields an
-    empty `DriverFiles`, and the claim specs then carry only device nodes.
+    empty `DriverFiles`, and the claim specs then carry only device nodes. `machine` (default: this
+    one's) picks the multiarch directory of `LOADER_DIRS`.
     """
     root = Path(os.path.abspath(driver_root))
-    libraries: list[tuple[str, str]] = []
+    found_libraries: dict[str, str] = {}  # file name -> host file; the first library directory wins
     version = ""
     for rel_dir, real_dir in _scan_dirs(root, LIBRARY_DIRS):
         try:
@@ -191,15 +226,17 @@ def find_driver_files(driver_root: Path, host_root: Path | None = None) -> Drive
             log.warning("cannot list %s: %s", real_dir, e)
             continue
         for name in names:
-            if not _is_library_name(name):
+            if not _is_library_name(name) or name in found_libraries:
                 continue
             found = _entry(root, rel_dir / name)
             if found is None:
                 continue
-            libraries.append(found)
+            found_libraries[name] = found[0]
             m = _LIBCUDA_VERSION.match(Path(found[0]).name)
             if m and not version:
                 version = m.group(1)
+    targets = loader_dirs(machine or platform.machine())
+    libraries = [(host, f"{d}/{name}") for name, host in found_libraries.items() for d in targets]
     binaries: list[tuple[str, str]] = []
     for binary in BINARIES:
         for rel_dir, _ in _scan_dirs(root, BINARY_DIRS):
@@ -227,10 +264,11 @@ def find_driver_files(driver_root: Path, host_root: Path | None = None) -> Drive
         log.warning("no NVIDIA driver libraries under %s: GPU containers get device nodes only", root)
     else:
         log.info(
-            "NVIDIA driver %s under %s: %d libraries, %d binaries, %d firmware directories",
+            "NVIDIA driver %s under %s: %d library names (each mounted in %s), %d binaries, %d firmware directories",
             version or "(unknown version)",
             root,
-            len(libraries),
+            len(found_libraries),
+            ", ".join(targets),
             len(binaries),
             len(firmware),
         )

@@ -17,15 +17,13 @@ import contextlib
 import difflib
 import json
 import logging
-import os
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.fsutil import locked
+from driver.fsutil import locked, read_json_state
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
 from driver.resource_api import rfc3339
@@ -70,7 +68,16 @@ class Cordon:
         return f"cordoned{who} at {self.since}: {self.reason}"
 
 
-def _check_text(what: str, text: str, limit: int, required: bool) -> str:
+def unknown_device(inventory: Inventory, device: str) -> UnknownDevice:
+    """The error for a device name the inventory does not know, with the closest names."""
+    known = [d.name for d in inventory.devices()]
+    close = difflib.get_close_matches(device, known, n=3, cutoff=0.5)
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known devices: {', '.join(known) or 'none'}"
+    return UnknownDevice(f"unknown device {device!r}{hint}")
+
+
+def check_text(what: str, text: str, limit: int, required: bool) -> str:
+    """One line of printable text an SRE typed (a reason, a name), stripped and within `limit`."""
     text = text.strip()
     if required and not text:
         raise CordonError(f"{what} must not be empty")
@@ -106,19 +113,9 @@ class CordonStore:
 
     def _read(self) -> dict[str, Cordon]:
         """The cordons on disk; a corrupt file is moved aside (and logged) rather than crash the daemon."""
-        try:
-            raw = json.loads(self.path.read_bytes())
-            if not isinstance(raw, dict) or not isinstance(raw.get("cordons", {}), dict):
-                raise ValueError("top level is not an object with a 'cordons' object")
-        except FileNotFoundError:
-            return {}
-        except (ValueError, UnicodeDecodeError) as e:
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
-            log.error("cordon file %s is unreadable (%s); moved aside to %s, no cordons apply", self.path, e, aside)
-            return {}
+        entries = read_json_state(self.path, "cordon", "cordons", dict)
         out = {}
-        for device, entry in raw.get("cordons", {}).items():
+        for device, entry in entries.items():
             try:
                 out[device] = Cordon.from_json(device, entry)
             except TypeError as e:
@@ -150,13 +147,10 @@ class CordonStore:
         return sorted(cordons.values(), key=lambda c: c.device)
 
     def cordon(self, device: str, reason: str, by: str = "") -> Cordon:
-        reason = _check_text("reason", reason, MAX_REASON, required=True)
-        by = _check_text("by", by, MAX_BY, required=False)
+        reason = check_text("reason", reason, MAX_REASON, required=True)
+        by = check_text("by", by, MAX_BY, required=False)
         if self._inventory.get(device) is None:
-            known = [d.name for d in self._inventory.devices()]
-            close = difflib.get_close_matches(device, known, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else f"; known devices: {', '.join(known) or 'none'}"
-            raise UnknownDevice(f"unknown device {device!r}{hint}")
+            raise unknown_device(self._inventory, device)
         new = Cordon(device=device, reason=reason, by=by, since=rfc3339())
         with self._locked():
             cordons = self._read()

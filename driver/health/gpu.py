@@ -14,6 +14,9 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
 * The monitor holds its own `nvmlInit` (NVML reference-counts it, so discovery's init/shutdown
   pairs do not disturb it). When NVML is unavailable it retries with backoff and marks the
   inventory's GPUs `unmonitored`.
+* When an SRE releases NVML (`tandemctl release`, `discovery.nvml`: nvmlInit opens every GPU,
+  so releasing one GPU releases NVML) the session is closed at once and none is opened until the
+  reacquire; the GPUs' last verdicts stand meanwhile.
 
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
@@ -39,24 +42,20 @@ from pathlib import Path
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.discovery.nvml import (
-    ERROR_NOT_SUPPORTED,
-    ERROR_TIMEOUT,
-    REINIT_ERRORS,
-    NvmlUnavailable,
-    init_nvml,
-)
+from driver.discovery.nvml import ERROR_TIMEOUT, NVML_ACCESS, REINIT_ERRORS, NvmlReleased, NvmlUnavailable, init_nvml
 from driver.health import nvml_events
-from driver.health.gpu_memory import CORRECTED, UNCORRECTED, VOLATILE, EccLedger, memory_conditions
+from driver.health.gpu_memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
 from driver.health.gpu_policy import (
     NO_INSTANCE,
     EventRate,
     GpuDevices,
     GpuHealthPolicy,
     HealthState,
+    RecoveryAction,
     event_targets,
     index_gpus,
 )
+from driver.health.gpu_recovery import read_recovery_action, recovery_conditions
 from driver.health.nvml_events import (
     DOUBLE_BIT,
     EVENT_NAMES,
@@ -129,6 +128,7 @@ class GpuHealthMonitor:
         if self._thread is not None:
             raise RuntimeError("the GPU health monitor was already started")
         self.inventory.subscribe(self._inventory_changed)
+        NVML_ACCESS.subscribe(self._wake.set)
         self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
         self._thread.start()
 
@@ -136,6 +136,7 @@ class GpuHealthMonitor:
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
+            NVML_ACCESS.unsubscribe(self._wake.set)
             self._thread.join(self.wait_timeout_ms / 1000 + 5 if timeout is None else timeout)
 
     def running(self) -> bool:
@@ -165,9 +166,8 @@ class GpuHealthMonitor:
     def _run(self) -> None:
         retry = Retry(self.init_backoff)
         while not self._stop.is_set():
-            session = self._open()
+            session = self._open(retry)
             if session is None:
-                self._stop.wait(retry.next())
                 continue
             with self._counters_lock:
                 probes_before = self._counters.probes
@@ -188,15 +188,23 @@ class GpuHealthMonitor:
             finally:
                 nvml_events.close(session)
 
-    def _open(self) -> Session | None:
+    def _open(self, retry: Retry) -> Session | None:
+        """A new session, or None after waiting as long as NVML asks (backoff, or a reacquire)."""
+        generation = NVML_ACCESS.generation()
         try:
             nvml = init_nvml(self.driver_root)
+        except NvmlReleased as e:
+            log.info("GPU health: %s; not monitoring until it is reacquired", e)
+            while not self._stop.is_set() and not NVML_ACCESS.wait_for_change(generation, self.wait_timeout_ms / 1000):
+                pass
+            return None
         except NvmlUnavailable as e:
             self._nvml_unavailable(e.reason)
+            self._stop.wait(retry.next())
             return None
         self._count(nvml_inits=1)
         self._probe_requested.set()
-        return Session(nvml)
+        return Session(nvml, generation=generation)
 
     def _nvml_unavailable(self, reason: str) -> None:
         log.warning("GPU health: NVML unavailable (%s); retrying", reason)
@@ -213,6 +221,9 @@ class GpuHealthMonitor:
         wait_error = Retry(Backoff(initial=0.05, maximum=max(self.wait_timeout_ms / 1000, 0.05)))
         while not self._stop.is_set():
             self._wake.clear()
+            if NVML_ACCESS.generation() != s.generation:
+                log.info("GPU health: NVML is released; closing the NVML session")
+                return
             if self._probe_requested.is_set() or self.clock() >= next_probe:
                 self._probe_requested.clear()
                 self._probe(s)
@@ -267,7 +278,10 @@ class GpuHealthMonitor:
         now = self.clock()
         changed: set[str] = set()
         if etype == XID:
-            cond = self.policy.xid(edata)
+            action = self._event_recovery_action(s, data.device)
+            cond = self.policy.xid(edata, action)
+            if RecoveryAction.known(action) not in (None, RecoveryAction.NONE):
+                self._probe_requested.set()  # the probe states the action's own taint
             log.log(
                 logging.INFO if self.policy.is_informational_xid(edata) else logging.WARNING,
                 "XID %d on GPU %s -> %s: %s",
@@ -286,6 +300,16 @@ class GpuHealthMonitor:
             self._ecc.reported(uuid, CORRECTED)
             changed |= self._single_bits(gpu, 1, now)
         self._publish(changed)
+
+    def _event_recovery_action(self, s: Session, handle: Any) -> int | None:
+        """The GPU's recovery action right after an XID; None when it cannot be read (the XID then
+        keeps its class, and the next probe reads the action again)."""
+        try:
+            return read_recovery_action(s.nvml, handle)
+        except s.nvml.NVMLError as e:
+            log.warning("cannot read the recovery action after an XID: %s", e)
+            self._count(errors=1)
+            return None
 
     def _observe(self, devices: Iterable[str], cond: Condition, now: float) -> set[str]:
         return {d for d in devices if self._state.observe(d, cond, now)}
@@ -354,6 +378,7 @@ class GpuHealthMonitor:
             for kind in (CORRECTED, UNCORRECTED):
                 self._probe_ecc(s, gpu, handle, kind, now, failures)
             memory_conditions(nvml, handle, self.policy, conds, failures)
+            recovery_conditions(nvml, handle, self.policy, conds, failures)
         except nvml.NVMLError as e:
             if e.value not in LOST_ERRORS:
                 raise
@@ -365,17 +390,7 @@ class GpuHealthMonitor:
         return conds, handle
 
     def _probe_ecc(self, s: Session, gpu: GpuDevices, handle: Any, kind: int, now: float, failures: list[str]) -> None:
-        nvml = s.nvml
-        try:
-            total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, VOLATILE))
-        except nvml.NVMLError as e:
-            if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
-                raise
-            self._ecc.unreadable(gpu.uuid, kind)
-            if e.value != ERROR_NOT_SUPPORTED:
-                failures.append(f"nvmlDeviceGetTotalEccErrors: {e}")
-            return
-        unreported = self._ecc.unreported(gpu.uuid, kind, total)
+        unreported = self._ecc.read(s.nvml, gpu.uuid, handle, kind, failures)
         if not unreported:
             return
         if kind == UNCORRECTED:

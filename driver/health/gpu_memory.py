@@ -88,6 +88,20 @@ class EccLedger:
         track.by_events = max(track.by_events - delta, 0)
         return unreported
 
+    def read(self, nvml: ModuleType, uuid: str, handle: Any, kind: int, failures: list[str]) -> int:
+        """Read the GPU's volatile counter of `kind`: the errors no event reported (`unreported`).
+        An unreadable counter starts over; one the GPU does not support (ECC off) is no failure."""
+        try:
+            total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, VOLATILE))
+        except nvml.NVMLError as e:
+            if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
+                raise
+            self.unreadable(uuid, kind)
+            if e.value != ERROR_NOT_SUPPORTED:
+                failures.append(f"nvmlDeviceGetTotalEccErrors: {e}")
+            return 0
+        return self.unreported(uuid, kind, total)
+
     def keep_only(self, uuids: Collection[str]) -> None:
         """Forget the GPUs that left."""
         for key in [k for k in self._ecc if k[0] not in uuids]:

@@ -6,12 +6,29 @@ evicts (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs' and 'User compla
 
 * TRANSIENT conditions come from events (XIDs, ECC errors). Each occurrence restarts a quiet
   period; when it passes without a new occurrence the condition clears.
-* HARD conditions come from the periodic probe (GPU lost, rows waiting for remapping, NVML
-  errors, events that could not be registered). The probe states them afresh each time, so they
-  clear as soon as the probe finds the GPU well again (it answers, nothing is pending).
+* HARD conditions come from the periodic probe (GPU lost, rows waiting for remapping, a
+  recovery action the driver asks for, NVML errors, events that could not be registered). The
+  probe states them afresh each time, so they clear as soon as the probe finds the GPU well again
+  (it answers, nothing is pending, the driver asks for nothing).
 
-XID classes (NVIDIA's Xid catalog for Ampere and later, docs.nvidia.com/deploy/xid-errors, and its
-"resolution bucket" column):
+What the GPU needs is the driver's to say where it can: NVML's recovery action
+(`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION`, NVIDIA's "Error Recovery and Response Flags":
+none, GPU reset, node reboot, drain P2P, drain and reset, recover the IMEX domain, bus reset,
+system reboot). Every action but none means the GPU cannot simply serve the next process, so:
+
+* an XID after which the driver reports an action is a fault with the reset effect (**NoExecute**)
+  whatever its XID class, and says which action;
+* the action itself is the HARD condition `recovery-action` (value: the action, e.g. `gpu-reset`),
+  NoExecute, stated by every probe until the driver reports none again (after the reset or
+  reboot), so it outlives the XID's quiet period and a restart of the daemon, and clears as soon
+  as the GPU is repaired. An action this code does not know is NoSchedule, and its XID keeps its
+  class: not understood is not a reason to evict.
+
+Where the driver reports no action (none, or a driver or GPU without the field: NOT_SUPPORTED),
+the XID keeps its class from NVIDIA's Xid catalog for Ampere and later
+(docs.nvidia.com/deploy/xid-errors, its "resolution bucket" column). "None" does not lower a reset
+XID: the XID event and the driver's update of the action are not ordered for the reader, and a
+GPU that really needs no reset loses only the quiet period.
 
 * application XIDs 13, 31, 43, 45, 68, 109 (the set NVIDIA's DRA and device plugins skip), plus
   `ignored_xids`: the application crashed, the GPU is fine. Informational: effect None, healthy.
@@ -24,7 +41,9 @@ XID classes (NVIDIA's Xid catalog for Ampere and later, docs.nvidia.com/deploy/x
 * every other XID (e.g. 94 contained ECC: RESTART_APP, the GPU stays usable): NoSchedule.
 
 Effects are overridable per condition key (`--taint-effect tandem.dev/xid=NoSchedule` keeps
-reset XIDs from evicting). An override changes the effect of the key's *fault* conditions only:
+reset XIDs from evicting, whether the action or the catalog said reset;
+`tandem.dev/recovery-action=NoSchedule` does the same for the action's own taint). An override
+changes the effect of the key's *fault* conditions only:
 informational ones (ignored XIDs, the single-bit ECC rate notice) stay None; to make an XID a
 fault, leave it out of the ignored set.
 """
@@ -49,7 +68,8 @@ ROW_REMAP_PENDING = "row-remap-pending"
 ROW_REMAP_FAILED = "row-remap-failed"
 NVML_ERROR = "nvml-error"
 UNMONITORED = "unmonitored"
-NAMES = (XID, ECC, GPU_LOST, ROW_REMAP_PENDING, ROW_REMAP_FAILED, NVML_ERROR, UNMONITORED)
+RECOVERY_ACTION = "recovery-action"
+NAMES = (XID, ECC, GPU_LOST, ROW_REMAP_PENDING, ROW_REMAP_FAILED, NVML_ERROR, UNMONITORED, RECOVERY_ACTION)
 
 DOUBLE_BIT = "double-bit"
 SINGLE_BIT = "single-bit"
@@ -79,6 +99,43 @@ _XID_NAMES = {
     121: "C2C link error",
     140: "unrecovered ECC error",
     143: "GPU initialization failure",
+}
+
+
+class RecoveryAction(enum.IntEnum):
+    """NVML's `nvmlDeviceGpuRecoveryAction_t`: what the GPU needs after an error."""
+
+    NONE = 0  # a new process can use the GPU at once
+    GPU_RESET = 1
+    NODE_REBOOT = 2
+    DRAIN_P2P = 3  # quiesce peer-to-peer traffic, then ask again
+    DRAIN_AND_RESET = 4
+    RECOVER_IMEX_DOMAIN = 5
+    BUS_RESET = 6
+    SYSTEM_REBOOT = 7
+
+    @property
+    def label(self) -> str:
+        """The taint value: `gpu-reset`, `drain-and-reset`, ..."""
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def known(cls, value: int | None) -> RecoveryAction | None:
+        """The action for an NVML value; None for no value or one this code does not know."""
+        try:
+            return None if value is None else cls(value)
+        except ValueError:
+            return None
+
+
+_ACTION_TEXT = {
+    RecoveryAction.GPU_RESET: "the GPU needs a reset",
+    RecoveryAction.NODE_REBOOT: "the node needs a reboot",
+    RecoveryAction.DRAIN_P2P: "its peer-to-peer traffic must be drained",
+    RecoveryAction.DRAIN_AND_RESET: "drain its peer-to-peer traffic, then reset the GPU",
+    RecoveryAction.RECOVER_IMEX_DOMAIN: "its IMEX domain needs recovery",
+    RecoveryAction.BUS_RESET: "the GPU's PCIe bus needs a reset",
+    RecoveryAction.SYSTEM_REBOOT: "the system needs a reboot",
 }
 
 
@@ -129,14 +186,37 @@ class GpuHealthPolicy:
     def is_informational_xid(self, xid: int) -> bool:
         return xid in self.application_xids or xid in self.ignored_xids
 
-    def xid(self, xid: int) -> Condition:
+    def xid(self, xid: int, action: int | None = None) -> Condition:
+        """An XID event; `action` is the GPU's recovery action read right after it (None: not reported)."""
         what = _XID_NAMES.get(xid)
         text = f"XID {xid}" + (f" ({what})" if what else "")
+        known = RecoveryAction.known(action)
+        if known is not None and known is not RecoveryAction.NONE:
+            why = f"{text}: recovery action {known.label} (NVML): {_ACTION_TEXT[known]}"
+            return self._fault(XID, str(xid), why, self.reset_xid_effect)
+        if action is None:
+            source = "the driver reports no recovery action"
+        elif known is None:
+            source = f"recovery action {action} is unknown"
+        else:
+            source = "NVML reports recovery action none"
         if self.is_informational_xid(xid):
-            return self._info(XID, str(xid), f"{text}: an application error, the GPU is fine")
+            return self._info(XID, str(xid), f"{text}: an application error, the GPU is fine ({source})")
         if xid in self.reset_xids:
-            return self._fault(XID, str(xid), f"{text}: the GPU needs a reset", self.reset_xid_effect)
-        return self._fault(XID, str(xid), text, TaintEffect.NO_SCHEDULE)
+            why = f"{text}: the GPU needs a reset (Xid catalog; {source})"
+            return self._fault(XID, str(xid), why, self.reset_xid_effect)
+        return self._fault(XID, str(xid), f"{text} ({source})", TaintEffect.NO_SCHEDULE)
+
+    def recovery_action(self, action: int) -> Condition | None:
+        """What the probe read of the GPU's recovery action; None when the driver asks for nothing."""
+        known = RecoveryAction.known(action)
+        if known is RecoveryAction.NONE:
+            return None
+        if known is None:
+            why = f"the driver reports recovery action {action}, unknown to this driver version"
+            return self._fault(RECOVERY_ACTION, f"action-{action}", why, TaintEffect.NO_SCHEDULE)
+        why = f"recovery action {known.label} (NVML): {_ACTION_TEXT[known]}"
+        return self._fault(RECOVERY_ACTION, known.label, why, TaintEffect.NO_EXECUTE)
 
     def double_bit_ecc(self, count: int = 1) -> Condition:
         return self._fault(ECC, DOUBLE_BIT, f"{count} double-bit (uncorrectable) ECC error(s)", TaintEffect.NO_SCHEDULE)

@@ -15,8 +15,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.discovery import netlink
-from driver.discovery.netlink import LinkState
+from driver.discovery import rtnl
+from driver.discovery.rtnl import LinkState
 from driver.health.nic_signals import BAD_OPERSTATES, Fault, port_fault
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class LinkSysfs:
         except ValueError as e:
             self._warn_once(str(net), "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
             return None
-        admin_up = bool(flags & netlink.IFF_UP)
+        admin_up = bool(flags & rtnl.IFF_UP)
         if carrier is None:  # the kernel refuses to say while the link is administratively down
             carrier = False if not admin_up else operstate.lower() not in BAD_OPERSTATES
         return LinkState(index, ifname, operstate.lower(), admin_up, carrier)

@@ -36,8 +36,8 @@ from pathlib import Path
 from pyroute2.netlink.exceptions import NetlinkError
 
 from driver.backoff import Backoff, Retry
-from driver.discovery import netlink
-from driver.discovery.netlink import LinkEvent, LinkState
+from driver.discovery import netlink, rtnl
+from driver.discovery.rtnl import LinkEvent, LinkState
 from driver.health.link_sysfs import LinkSysfs
 from driver.health.nic_signals import LINK_DOWN, RDMA_PORT_DOWN, Debounced, Fault, link_fault
 from driver.inventory import Inventory
@@ -117,7 +117,7 @@ class NicHealthMonitor:
                 raise ValueError(f"unknown NIC health condition {key!r}; known: {sorted(self.effects)}")
             self.effects[key] = TaintEffect(effect)
 
-        self.netlink_events = 0  # link messages received
+        self.netlink_events = 0  # link messages about watched NICs (the others are skipped unread)
         self.link_transitions = 0  # observed changes of a link's or port's fault (before debounce)
         self.condition_changes = 0  # changes of a device's published conditions
         self.errors = 0  # failed rounds, socket failures, unreadable sysfs entries
@@ -349,7 +349,16 @@ class NicHealthMonitor:
             self._sock = None
 
     def _drain_socket(self, sock: socket.socket, now: float) -> tuple[list[LinkEvent], bool]:
-        """(link events read, whether a full re-read is needed: the kernel dropped events)."""
+        """(link events of watched NICs read, whether a full re-read is needed: the kernel dropped
+        events). Messages of other links (veths come and go by the thousand) are not decoded; a
+        NIC that joins the inventory meanwhile is read in full by the round that follows."""
+        with self._lock:
+            indexes = {w.ifindex for w in self._watched.values() if w.ifindex}
+            names = {w.nic.ifname for w in self._watched.values() if w.nic.ifname}
+
+        def watched(index: int, name: str) -> bool:
+            return index in indexes or name in names
+
         events: list[LinkEvent] = []
         while True:
             try:
@@ -366,7 +375,7 @@ class NicHealthMonitor:
                 self._close_socket()
                 self._reopen_at = now + delay
                 return events, True
-            events.extend(netlink.parse_link_events(data))
+            events.extend(rtnl.parse_link_events(data, watched))
 
     def _run(self) -> None:
         next_poll = self.clock()  # the first round reads everything at once
@@ -412,5 +421,6 @@ class NicHealthMonitor:
             if self._resync or now >= next_poll:
                 self.poll()
                 return self.clock() + self.poll_period
-            self._publish(now)
+            if due is not None and now >= due:  # a debounce ran out (events publish on their own)
+                self._publish(now)
         return next_poll

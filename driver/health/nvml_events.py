@@ -38,6 +38,7 @@ class Session:
     """Everything that lives between one nvmlInit and its nvmlShutdown."""
 
     nvml: ModuleType
+    generation: int = 0  # `NvmlAccess.generation` when it opened: a release since closes it
     event_set: Any = None
     registered: dict[str, Any] = field(default_factory=dict)  # GPU UUID -> handle
     handle_uuids: dict[Any, str] = field(default_factory=dict)  # handle key -> GPU UUID

@@ -21,8 +21,16 @@ from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 log = logging.getLogger(__name__)
 
-UNIX_PATH_MAX = 108  # sizeof(sun_path): longer socket paths cannot be bound
+# The longest Unix socket path gRPC's C core binds: sun_path holds 108 bytes with the NUL. Go binds
+# 108 (docs/reference/kubelet-plugin.md, 'Rolling-update names').
+UNIX_PATH_MAX = 107
 PLUGIN_TYPE = "DRAPlugin"
+
+
+def grpc_unix_address(path: Path) -> str:
+    """The address a gRPC server binds `path` at: `unix:<path>`. grpcio 1.85 binds a 107-byte
+    path in this form but refuses one over 105 bytes written `unix://<path>`."""
+    return f"unix:{path}"
 
 
 def _b64(data: bytes) -> str:
@@ -32,8 +40,11 @@ def _b64(data: bytes) -> str:
 def registration_socket_path(registrar_dir: Path, driver_name: str, pod_uid: str = "") -> Path:
     """The registration socket path, exactly as the Go kubeletplugin library names it.
 
-    Without a pod UID: `<driver>-reg.sock`. With one, the first candidate whose full path fits
-    in 108 bytes, so that an old and a new pod never fight over one file.
+    Without a pod UID: `<driver>-reg.sock`. With one, the first candidate whose full path fits,
+    so that an old and a new pod never fight over one file. Go's limit is 108 bytes, gRPC core's
+    107: where a candidate is exactly 108 bytes Go would take it, and a Python server could not
+    bind it, so the next candidate (unique per pod all the same) is taken; everywhere else the
+    choice is Go's, byte for byte.
     """
     if not pod_uid:
         return registrar_dir / f"{driver_name}-reg.sock"
@@ -55,7 +66,7 @@ def check_socket_path(path: Path) -> None:
     if len(str(path).encode()) > UNIX_PATH_MAX:
         raise ValueError(
             f"socket path {str(path)!r} is {len(str(path).encode())} bytes, over the {UNIX_PATH_MAX}-byte "
-            "limit of Unix sockets; use a shorter --kubelet-plugins-dir or driver name"
+            "limit of gRPC's Unix sockets; use a shorter --kubelet-plugins-dir or driver name"
         )
 
 

@@ -30,7 +30,23 @@ count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC ev
 raised on the GPU, as the driver counts the error it reports.
 
 Memory health (profile fields): `ecc_enabled`, `ecc_{corrected,uncorrected}_{volatile,aggregate}`,
-`remapped_rows_*` (Ampere and later) and `retired_pages_pending` (before Ampere).
+`remapped_rows_*` (Ampere and later) and `retired_pages_pending` (before Ampere). The GPU's
+recovery action (`recovery_action`, an `NVML_GPU_RECOVERY_ACTION_*` value) is the field value
+`NVML_FI_DEV_GET_GPU_RECOVERY_ACTION` of `nvmlDeviceGetFieldValues`; a GPU whose profile has none
+(`null`) models a driver without that field: the call succeeds and the field's own `nvmlReturn`
+is `NVML_ERROR_NOT_SUPPORTED`, as NVML reports a field it does not know.
+
+The library is loaded once per process, at the first nvmlInit: when the state's `driver_version`
+changes later (a driver upgrade), nvmlInit fails with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as the
+real library does in a process that outlived the upgrade.
+
+Holding GPUs, as the real library does (seen on an H200 with driver 580.159.04): `nvmlInit` opens
+the device file of every GPU before any handle is taken, and they are closed only when the
+reference count falls back to zero. The process's holdings are written, on every change, to
+`<state file>.clients/<pid>.json` (`{"pid", "initialised", "attached", "inits"}`: the reference
+count, the GPUs held open, the nvmlInit calls that succeeded), so a test in another process can
+tell whether the daemon holds NVML or a GPU (`sim.nvml.nvml_clients`) and refuse a GPU reset or a
+driver unload as the real driver does while one is held.
 
 This module is self-contained (imports nothing from `driver`): it runs in the daemon's process in
 place of a vendor library.
@@ -44,7 +60,20 @@ import string
 import sys
 import threading
 import time
-from ctypes import Structure, c_char, c_uint, c_ulonglong
+from ctypes import (
+    Structure,
+    Union,
+    c_char,
+    c_double,
+    c_int,
+    c_int64,
+    c_longlong,
+    c_uint,
+    c_uint32,
+    c_ulong,
+    c_ulonglong,
+    c_ushort,
+)
 from typing import Any, NoReturn
 
 STATE_ENV = "TANDEM_SIM_NVML_STATE"
@@ -122,6 +151,25 @@ NVML_MEMORY_ERROR_TYPE_CORRECTED = 0
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
 NVML_VOLATILE_ECC = 0
 NVML_AGGREGATE_ECC = 1
+
+NVML_VALUE_TYPE_DOUBLE = 0
+NVML_VALUE_TYPE_UNSIGNED_INT = 1
+NVML_VALUE_TYPE_UNSIGNED_LONG = 2
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
+NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
+NVML_VALUE_TYPE_SIGNED_INT = 5
+NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
+
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+
+NVML_GPU_RECOVERY_ACTION_NONE = 0
+NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
+NVML_GPU_RECOVERY_ACTION_NODE_REBOOT = 2
+NVML_GPU_RECOVERY_ACTION_DRAIN_P2P = 3
+NVML_GPU_RECOVERY_ACTION_DRAIN_AND_RESET = 4
+NVML_GPU_RECOVERY_ACTION_RECOVER_IMEX_DOMAIN = 5
+NVML_GPU_RECOVERY_ACTION_BUS_RESET = 6
+NVML_GPU_RECOVERY_ACTION_SYSTEM_REBOOT = 7
 
 NVML_INIT_FLAG_NO_GPUS = 1 << 0
 NVML_INIT_FLAG_NO_ATTACH = 1 << 1
@@ -302,6 +350,30 @@ class nvmlPciInfo_t(Structure):
     ]
 
 
+class c_nvmlValue_t(Union):
+    _fields_ = [
+        ("dVal", c_double),
+        ("uiVal", c_uint),
+        ("ulVal", c_ulong),
+        ("ullVal", c_ulonglong),
+        ("sllVal", c_longlong),
+        ("siVal", c_int),
+        ("usVal", c_ushort),
+    ]
+
+
+class c_nvmlFieldValue_t(Structure):
+    _fields_ = [
+        ("fieldId", c_uint32),
+        ("scopeId", c_uint32),
+        ("timestamp", c_int64),
+        ("latencyUsec", c_int64),
+        ("valueType", c_uint),
+        ("nvmlReturn", c_uint),
+        ("value", c_nvmlValue_t),
+    ]
+
+
 class c_nvmlDeviceAttributes(Structure):
     _fields_ = [
         ("multiprocessorCount", c_uint),
@@ -381,6 +453,10 @@ class c_nvmlEventSet_t:
 
 _lock = threading.RLock()
 _refcount = 0
+_inits = 0  # nvmlInit calls that succeeded, ever
+_attached: set[str] = set()  # UUIDs of the GPUs this process holds open (until the refcount is zero)
+_published: tuple[int, tuple[str, ...], int] | None = None  # what the clients file says
+_library_version = ""  # the driver version of the library this process loaded, at its first nvmlInit
 _state_path = ""
 _state_key: tuple[int, int, int] | None = None
 _gpus: list[dict[str, Any]] = []
@@ -416,6 +492,26 @@ def _load(path: str) -> None:
     _gpus = gpus
     _system = raw
     _state_key = (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _clients_dir() -> str:
+    return _state_path + ".clients"
+
+
+def _publish() -> None:
+    """Write what this process holds to `<state>.clients/<pid>.json` when it changed (atomically,
+    so a reader never sees half a file); the caller holds the lock."""
+    global _published
+    now = (_refcount, tuple(sorted(_attached)), _inits)
+    if now == _published or not _state_path:
+        return
+    os.makedirs(_clients_dir(), exist_ok=True)
+    path = os.path.join(_clients_dir(), f"{os.getpid()}.json")
+    tmp = f"{path}.{threading.get_ident()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"pid": os.getpid(), "initialised": now[0], "attached": list(now[1]), "inits": now[2]}, f)
+    os.replace(tmp, path)
+    _published = now
 
 
 def _current() -> list[dict[str, Any]]:
@@ -473,12 +569,22 @@ def _full_gpu(func: str, handle: c_nvmlDevice_t) -> dict[str, Any]:
 
 
 def nvmlInitWithFlags(flags: int) -> None:
-    global _refcount, _state_path
+    """A process loads the library once and keeps it: after a driver upgrade its old library
+    meets the new kernel module, and nvmlInit fails with LIB_RM_VERSION_MISMATCH until the
+    process is restarted, as with the real library."""
+    global _refcount, _state_path, _inits, _library_version
     with _lock:
         path = os.environ.get(STATE_ENV, "")
         _load(path)
         _state_path = path
+        version = str(_system.get("driver_version", ""))
+        _library_version = _library_version or version
+        if version != _library_version:
+            _raise(NVML_ERROR_LIB_RM_VERSION_MISMATCH)
         _refcount += 1
+        _inits += 1
+        _attached.update(g["uuid"] for g in _gpus)  # every GPU's device file, opened at init
+        _publish()
 
 
 def nvmlInit() -> None:
@@ -491,6 +597,9 @@ def nvmlShutdown() -> None:
         if _refcount == 0:
             _raise(NVML_ERROR_UNINITIALIZED)
         _refcount -= 1
+        if _refcount == 0:
+            _attached.clear()  # the last shutdown lets go of every GPU
+        _publish()
 
 
 def nvmlSystemGetDriverVersion() -> str:
@@ -821,6 +930,29 @@ def nvmlDeviceGetRetiredPagesPendingStatus(device: c_nvmlDevice_t) -> int:
     if NVML_DEVICE_ARCH_AMPERE <= arch < NVML_DEVICE_ARCH_UNKNOWN or not gpu.get("ecc_enabled", True):
         _raise(NVML_ERROR_NOT_SUPPORTED)
     return NVML_FEATURE_ENABLED if gpu.get("retired_pages_pending") else NVML_FEATURE_DISABLED
+
+
+# --- field values --------------------------------------------------------------------------------
+
+
+def nvmlDeviceGetFieldValues(handle: c_nvmlDevice_t, fieldIds: list[int | tuple[int, int]]) -> Any:
+    """Like NVML: the call succeeds and each field carries its own `nvmlReturn`. Only the recovery
+    action is modelled; every other field, and the recovery action of a GPU whose profile has none
+    (a driver before the field existed) or of a MIG device, is NOT_SUPPORTED."""
+    gpu, mig = _resolve("nvmlDeviceGetFieldValues", handle)
+    values = (c_nvmlFieldValue_t * len(fieldIds))()
+    for i, field_id in enumerate(fieldIds):
+        fid, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
+        values[i].fieldId, values[i].scopeId = fid, scope
+        values[i].timestamp = time.time_ns() // 1000
+        action = gpu.get("recovery_action")
+        if fid == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None and mig is None:
+            values[i].nvmlReturn = NVML_SUCCESS
+            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+            values[i].value.uiVal = int(action)
+        else:
+            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+    return values
 
 
 # --- events --------------------------------------------------------------------------------------

@@ -1,6 +1,13 @@
 """Helpers for tests against real netlink: a throwaway network namespace with veths, and a sysfs
-fixture tree that maps chosen veths to fake RDMA PCI functions (the way a ConnectX's netdev maps
-to its function on real hardware). Creating a namespace needs root; without it the test skips.
+fixture tree that maps chosen veths to fake RDMA PCI functions. Creating a namespace needs root;
+without it the test skips.
+
+The fixture tree is the daemon's sysfs as a real node shows it when the NICs' netdevs live in
+another network namespace: the PCI functions and their RDMA devices are there (the shared RDMA
+namespace mode), the netdevs are not (no `class/net/<if>`, no `<function>/net/<if>`: the kernel
+shows those only to the namespace that mounted sysfs). What ties a veth to its function is what
+ties a ConnectX netdev to it on such a node: the RoCE port's default GID entry, which names the
+netdev and is derived from its MAC (so a veth must have the MAC of its `NicSpec`).
 """
 
 from __future__ import annotations
@@ -74,6 +81,14 @@ class SysfsFixture:
     def map(self, *specs: NicSpec) -> None:
         for s in specs:
             render_nic(s, self.sys, self.dev)
+            if s.ifname:
+                self.hide_netdev(s.ifname)
+
+    def hide_netdev(self, ifname: str) -> None:
+        """Take a netdev's own sysfs entries away, as the kernel does for one in another namespace."""
+        entry = self.sys / "class/net" / ifname
+        shutil.rmtree(entry.resolve())
+        entry.unlink()
 
     def port_file(self, rdma_device: str, name: str = "state", port: int = 1) -> Path:
         return self.sys / "class/infiniband" / rdma_device / "ports" / str(port) / name

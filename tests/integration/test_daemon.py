@@ -180,19 +180,74 @@ def test_rolling_update_instances_use_their_own_sockets(start_daemon, apiserver,
     assert kubelet.unprepare([ref]) == {ref.uid: ""}
 
 
+def test_excluded_nics_are_withdrawn_at_restart(start_daemon, apiserver, sim_node_default, kubelet):
+    """A restart with EXCLUDE_NICS takes the NICs it names out of the slice, a prepared one too;
+    the claim on it still unprepares."""
+    node = sim_node_default
+    daemon = start_daemon(node)
+    _registered(kubelet)
+    nics = {d["name"]: d for d in _wait_published(apiserver, node, 4) if attribute(d, "type") == "nic"}
+    assert len(nics) == 2
+    ref = _allocated_claim(apiserver, node, "net", NIC)
+    assert kubelet.prepare([ref])[ref.uid].error == ""
+    claim = apiserver.get("resourceclaims", "net", "default")
+    (prepared,) = [r["device"] for r in claim["status"]["allocation"]["devices"]["results"]]
+    (other,) = nics.keys() - {prepared}
+    assert daemon.stop() == 0
+
+    # The prepared NIC by a netdev-name glob, the other by its PCI address (upper case is fine).
+    glob = attribute(nics[prepared], "ifName")[:4] + "*"
+    pci = attribute(nics[other], "resource.kubernetes.io/pciBusID").upper()
+    restarted = start_daemon(node, env={"EXCLUDE_NICS": f"{glob},{pci}"})
+    _registered(kubelet)
+
+    def published_nics() -> set[str]:
+        return {
+            d["name"] for d in published_devices(apiserver, DRIVER, node.profile.name) if attribute(d, "type") == "nic"
+        }
+
+    assert poll(lambda: not published_nics(), 60), restarted.log_text()
+    assert len(published_devices(apiserver, DRIVER, node.profile.name)) == 2, "the GPUs stay"
+    assert kubelet.unprepare([ref]) == {ref.uid: ""}
+
+
+@pytest.mark.parametrize("candidate_1_bytes", [107, 108])
+def test_rolling_update_socket_at_the_grpc_limit_is_served(
+    candidate_1_bytes, start_daemon, sim_node_default, short_tmp
+):
+    """Candidate 1 of exactly 107 bytes is Go's choice and must bind; at 108 Go would take it too,
+    but gRPC core cannot bind it, so the daemon takes candidate 2 and serves there."""
+    uid = "cccccccc-0000-4000-8000-000000000003"
+    tail = len(f"/{DRIVER}-{uid}-reg.sock")
+    registry = short_tmp / ("r" * (candidate_1_bytes - tail - len(str(short_tmp)) - 1))
+    assert len(f"{registry}/{DRIVER}-{uid}-reg.sock".encode()) == candidate_1_bytes
+    daemon = start_daemon(sim_node_default, "--pod-uid", uid, "--kubelet-registrar-dir", str(registry))
+    sock = registration_socket_path(registry, DRIVER, uid)
+    assert (sock.name == f"{DRIVER}-{uid}-reg.sock") is (candidate_1_bytes == 107)
+    assert poll(lambda: _listening(sock) or daemon.proc.poll() is not None, 60), daemon.log_text()
+    assert daemon.proc.poll() is None, daemon.log_text()
+    with KubeletSim(registry) as kubelet:
+        assert kubelet.register(sock).name == DRIVER
+
+
 @pytest.mark.parametrize(
-    ("args", "message"),
+    ("args", "environment", "message"),
     [
-        ([], "--node-name (NODE_NAME) is required"),
-        (["--node-name", "Bad_Name"], "is not a valid node name"),
-        (["--node-name", "n", "--driver-name", "nodomain"], "--driver-name"),
-        (["--node-name", "n", "--device-kinds", "gpu,tpu"], "unknown kind 'tpu'"),
-        (["--node-name", "n", "--cdi-root", "relative/dir"], "must be an absolute path"),
-        (["--node-name", "n", "--log-format", "xml"], "invalid choice"),
+        ([], {}, "--node-name (NODE_NAME) is required"),
+        (["--node-name", "Bad_Name"], {}, "is not a valid node name"),
+        (["--node-name", "n", "--driver-name", "nodomain"], {}, "--driver-name"),
+        (["--node-name", "n", "--device-kinds", "gpu,tpu"], {}, "unknown kind 'tpu'"),
+        (["--node-name", "n", "--cdi-root", "relative/dir"], {}, "must be an absolute path"),
+        (["--node-name", "n", "--log-format", "xml"], {}, "'xml' is not one of: text, json"),
+        (["--node-name", "n", "--rediscover-period", "abc"], {}, "'abc' is not a number"),
+        (["--node-name", "n"], {"REDISCOVER_PERIOD": "abc"}, "REDISCOVER_PERIOD='abc'"),
+        (["--node-name", "n"], {"REDISCOVER_PERIOD": "nan"}, "REDISCOVER_PERIOD='nan'"),
+        (["--node-name", "n"], {"VERBOSITY": "x"}, "VERBOSITY='x'"),
+        (["--node-name", "n"], {"EXCLUDE_NICS": "0000:zz:00.0"}, "--exclude-nics: '0000:zz:00.0'"),
     ],
 )
-def test_bad_flags_are_one_line_errors(args, message):
-    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")}
+def test_bad_flags_are_one_line_errors(args, environment, message):
+    env = {k: v for k, v in os.environ.items() if k not in ("NODE_NAME", "KUBECONFIG")} | environment
     proc = subprocess.run([sys.executable, "-m", "driver", "run", *args], capture_output=True, text=True, env=env,
                           timeout=60)  # fmt: skip
     assert proc.returncode == 2

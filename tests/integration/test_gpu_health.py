@@ -4,6 +4,7 @@ wait is a poll with a deadline."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ import pytest
 
 from driver.backoff import Backoff
 from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.inventory import Inventory
@@ -343,3 +345,130 @@ def test_an_error_that_asks_for_reinit_backs_off_instead_of_spinning(node: Calla
     # Within one more backoff period at most a couple more inits can happen, never thousands.
     wait_for("one backoff period", lambda: monitor.counters().errors >= 3)
     assert monitor.counters().nvml_inits - inits < 10
+
+
+# --- the driver's recovery action ----------------------------------------------------------------
+
+GPU_RESET = 1  # NVML_GPU_RECOVERY_ACTION_GPU_RESET
+
+
+def test_recovery_action_decides_the_xid_effect_and_holds_until_the_reset(node: Callable[[NodeProfile], Node]) -> None:
+    n = node(h100_node(gpus=2, nics=0))
+    n.start()
+    n.ready()
+    n.profile.gpus[1].recovery_action = GPU_RESET  # what the driver reports with this XID
+    n.write()
+    n.event(1, XID, 94)  # contained ECC: the Xid catalog says NoSchedule, the driver says reset
+    wait_for(
+        "the recovery action's own taint",
+        lambda: ("tandem.dev/recovery-action", "gpu-reset", TaintEffect.NO_EXECUTE) in n.taints("gpu-1"),
+    )
+    assert ("tandem.dev/xid", "94", TaintEffect.NO_EXECUTE) in n.taints("gpu-1")
+    assert "recovery action gpu-reset" in n.inventory.get("gpu-1").health_message  # type: ignore[union-attr]
+    assert n.taints("gpu-0") == set()
+    n.clock.advance(60)  # the XID's quiet period passes; the GPU still waits for its reset
+    n.probe()
+    assert n.taints("gpu-1") == {("tandem.dev/recovery-action", "gpu-reset", TaintEffect.NO_EXECUTE)}
+    n.profile.gpus[1].recovery_action = 0  # reset: the driver asks for nothing any more
+    n.write()
+    n.probe()
+    assert n.taints("gpu-1") == set()
+
+
+def test_a_driver_without_the_recovery_action_keeps_the_xid_catalog(node: Callable[[NodeProfile], Node]) -> None:
+    profile = h100_node(gpus=1, nics=0)
+    profile.gpus[0].recovery_action = None  # NVML answers NOT_SUPPORTED for the field
+    n = node(profile)
+    n.start()
+    n.ready()
+    n.event(0, XID, 94)
+    wait_for("the xid taint", lambda: ("tandem.dev/xid", "94", TaintEffect.NO_SCHEDULE) in n.taints("gpu-0"))
+    assert "no recovery action" in n.inventory.get("gpu-0").health_message  # type: ignore[union-attr]
+    n.probe()
+    assert n.taints("gpu-0") == {("tandem.dev/xid", "94", TaintEffect.NO_SCHEDULE)}
+    assert n.ready().counters().errors == 0  # not supported is not an error
+
+
+# --- letting go of NVML: tandemctl release -------------------------------------------------------
+
+
+@pytest.fixture
+def reacquired() -> Iterator[None]:
+    """Whatever a test released is taken back, so the process-wide NVML access is clean again."""
+    yield
+    assert NVML_ACCESS.set_released("", timeout=DEADLINE)
+
+
+def test_a_release_lets_go_of_nvml_and_nothing_takes_it_back_until_the_reacquire(
+    node: Callable[[NodeProfile], Node], reacquired: None
+) -> None:
+    n = node(h100_node(gpus=3, nics=0))
+    n.start()
+    n.ready()
+    me = os.getpid()
+    uuids = frozenset(g.uuid for g in n.profile.gpus)
+    assert sim_nvml.nvml_clients(n.state)[me].attached == uuids  # nvmlInit opened every GPU
+    with pytest.raises(sim_nvml.DeviceInUse):
+        sim_nvml.reset_gpu(n.profile, n.state, 1)
+
+    assert NVML_ACCESS.set_released("gpu-1 is released", timeout=DEADLINE)
+    held = sim_nvml.nvml_clients(n.state)[me]
+    assert (held.initialised, held.attached) == (0, frozenset())  # when the release returns
+    sim_nvml.reset_gpu(n.profile, n.state, 1)  # what nvidia-smi -r needs: nobody holds the GPU
+    with pytest.raises(NvmlReleased, match="gpu-1 is released"):  # discovery, the monitor, anyone
+        GpuDiscovery(n.tmp / "sys", proc_root=n.tmp / "proc").discover()
+    assert sim_nvml.nvml_clients(n.state)[me].inits == held.inits
+    sim_nvml.unload_driver(n.state)  # a driver upgrade could start too
+    n.write()
+
+    assert NVML_ACCESS.set_released("", timeout=DEADLINE)  # reacquire
+    n.probe()
+    assert sim_nvml.nvml_clients(n.state)[me].attached == uuids
+    n.event(1, XID, 79)
+    wait_for("events from the reacquired GPU", lambda: bool(n.taints("gpu-1")))
+
+
+def test_a_release_that_cannot_close_a_session_says_so(node: Callable[[NodeProfile], Node], reacquired: None) -> None:
+    n = node(h100_node(gpus=1, nics=0))
+    nvml = NVML_ACCESS.init(Path("/"))  # someone holds NVML and does not let go
+    try:
+        assert not NVML_ACCESS.set_released("NVML is released", timeout=0.2)
+        assert NVML_ACCESS.open_sessions() == 1
+        with pytest.raises(NvmlReleased):
+            NVML_ACCESS.init(Path("/"))
+    finally:
+        NVML_ACCESS.shutdown(nvml)
+    assert sim_nvml.nvml_clients(n.state)[os.getpid()].initialised == 0
+
+
+def test_reading_the_recovery_action_as_drivers_old_and_new_answer(node: Callable[[NodeProfile], Node]) -> None:
+    from driver.health.gpu_recovery import read_recovery_action
+
+    profile = h100_node(gpus=3, nics=0)
+    profile.gpus[0].recovery_action = 4  # drain and reset
+    profile.gpus[1].recovery_action = None  # a driver before the field: the field says NOT_SUPPORTED
+    profile.gpus[2].nvml_errors = {"nvmlDeviceGetFieldValues": 13}  # a library before the call
+    n = node(profile)
+    nvml = n.nvml
+    nvml.nvmlInit()
+    try:
+        handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(3)]
+        assert [read_recovery_action(nvml, h) for h in handles] == [4, None, None]
+        field = nvml.nvmlDeviceGetFieldValues(handles[1], [nvml.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION])[0]
+        assert field.nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED  # the call itself succeeded
+        n.profile.gpus[0].nvml_errors = {"nvmlDeviceGetFieldValues": NVML_ERROR_UNKNOWN}
+        n.write()
+        with pytest.raises(nvml.NVMLError):  # any other failure is the caller's to judge
+            read_recovery_action(nvml, handles[0])
+    finally:
+        nvml.nvmlShutdown()
+
+
+def test_a_driver_upgraded_under_the_process_asks_for_a_restart(node: Callable[[NodeProfile], Node]) -> None:
+    """A process keeps the NVML library it loaded; the new kernel module refuses it."""
+    n = node(h100_node(gpus=1, nics=0))  # discovery loaded the library of driver 580
+    n.profile.driver_version = "590.10.01"
+    n.write()
+    with pytest.raises(NvmlUnavailable, match="restart it to load the new library"):
+        NVML_ACCESS.init(Path("/"))
+    assert NVML_ACCESS.open_sessions() == 0

@@ -94,7 +94,7 @@ def test_a_prepared_nics_new_address_reaches_the_claim_status_and_metadata(apise
     with KubeletSim(node.registry) as kubelet:
         kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
         assert kubelet.prepare([ref])[ref.uid].error == ""
-    meta = node.plugins / DRIVER / "dra-device-metadata/default_net/nic/metadata.json"
+    meta = node.plugins / DRIVER / "dra-device-metadata" / ref.uid / "nic/metadata.json"
     inode = meta.stat().st_ino
 
     def status_ips() -> list[str]:

@@ -1,15 +1,14 @@
 """NIC discovery and its watcher against real netlink, in a throwaway network namespace.
 
-Netlink is authoritative for the veths (names, MAC, MTU, state, addresses, default route); a sysfs
-fixture tree maps chosen veths to fake RDMA PCI functions, the way a ConnectX's netdev maps to
-its function on real hardware. Needs root (`ip netns add`); skipped otherwise.
+Netlink is authoritative for the veths (names, MAC, MTU, state, speed, addresses, default route);
+a sysfs fixture tree maps chosen veths to fake RDMA PCI functions the way a node's sysfs maps the
+netdev of a ConnectX in another namespace to its function: only through the RDMA side, the netdev
+itself is not in it (nic_fixtures). Needs root (`ip netns add`); skipped otherwise.
 """
 
 from __future__ import annotations
 
 import logging
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,11 +16,13 @@ from pathlib import Path
 import pytest
 from nic_fixtures import SysfsFixture, ip, ip_batch, make_netns, nic_spec, veth, wait_for
 
+from driver.config import NicExclusions
+from driver.discovery import netlink
 from driver.discovery.nic import ABSENT_STATE, NicDiscovery
 from driver.discovery.nic_watcher import NicWatcher
 from driver.model import Device
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
-from sim.nics import render_netdev
+from sim.nics import default_gid, render_nic
 from sim.profile import NicSpec
 
 
@@ -53,11 +54,7 @@ class Fixture(SysfsFixture):
         return {d.name: d for d in self.discovery(**kw).discover(keep)}
 
     def rename(self, old: str, new: str) -> None:
-        """What the kernel does to sysfs on a rename (netlink side is done by `ip`)."""
-        net = (self.sys / "class/net" / old).resolve()
-        net.rename(net.parent / new)
-        (self.sys / "class/net" / old).unlink()
-        (self.sys / "class/net" / new).symlink_to(os.path.relpath(net.parent / new, self.sys / "class/net"))
+        """What the kernel does to the RDMA side of sysfs on a rename (netlink side is done by `ip`)."""
         for ndev in self.sys.glob("class/infiniband/*/ports/*/gid_attrs/ndevs/*"):
             if ndev.read_text().strip() == old:
                 ndev.write_text(new + "\n")
@@ -75,13 +72,14 @@ def test_netlink_gives_link_facts_and_sysfs_gives_identity(fx: Fixture) -> None:
     ip(fx.ns, "-6", "addr", "add", "fd00:20::2/64", "dev", "r0", "nodad")
     veth(fx.ns, "plain0", "02:00:00:00:00:99")  # no PCI function in the fixture
     fx.map(nic(1, "r0", speed_mbps=200000))
+    assert not (fx.sys / "class/net/r0").exists() and not list(fx.sys.glob("devices/**/net/r0"))
 
     devices = fx.discover(list_attributes=True)
     assert list(devices) == ["pci-0000-8b-00-0"]
     d = devices["pci-0000-8b-00-0"]
     a = d.attributes
     assert (a["ifName"], a["mac"], a["mtu"], a["state"]) == ("r0", "02:00:00:00:00:01", 4200, "up")
-    assert a["speed"] == 200000  # sysfs
+    assert a["speed"] == 10000  # ethtool's answer for a veth, as on a real node; not sysfs
     assert a["rdmaDevice"] == "mlx5_1"
     assert a["ipv4"] == ("10.20.0.1/24", "10.20.0.2/24")
     assert a["ipv6"] == ("fd00:20::2/64",)  # the link-local fe80:: address is not global
@@ -89,42 +87,54 @@ def test_netlink_gives_link_facts_and_sysfs_gives_identity(fx: Fixture) -> None:
     assert fx.discover()["pci-0000-8b-00-0"].attributes["ipv4"] == "10.20.0.1/24"
 
 
-def test_both_rdma_mappings_multi_port_and_vfs(fx: Fixture) -> None:
-    for i, name in enumerate(["pf0", "gid0", "mp0", "mp1", "vf0"]):
-        veth(fx.ns, name, f"02:00:00:00:01:{i:02x}")
+def _veths(fx: Fixture, *specs: NicSpec) -> None:
+    """One veth per NIC, with the NIC's MAC: its default GID is what names the veth's function."""
+    for spec in specs:
+        veth(fx.ns, spec.ifname, spec.mac)
+
+
+def test_vfs_and_multi_port_functions(fx: Fixture) -> None:
     pf = nic(1, "pf0", sriov_totalvfs=4, sriov_numvfs=1)
     vf = nic(2, "vf0", pci_address="0000:8b:00.1", is_vf=True, physfn=pf.pci_address)
-    gid = nic(3, "gid0")
     multi = nic(4, "mp0", ports=2)
-    fx.map(pf, vf, gid, multi)
-    # gid0's function loses its infiniband/ link: only the GID table names the netdev.
-    fn = (fx.sys / "bus/pci/devices" / gid.pci_address).resolve()
-    moved = fx.sys / "devices/virtual/infiniband/mlx5_3"
-    moved.parent.mkdir(parents=True)
-    shutil.move(fn / "infiniband/mlx5_3", moved)
-    (fn / "infiniband").rmdir()
-    (fx.sys / "class/infiniband/mlx5_3").unlink()
-    (fx.sys / "class/infiniband/mlx5_3").symlink_to("../../devices/virtual/infiniband/mlx5_3")
-    # mp1 is the second port of mp0's function.
+    _veths(fx, pf, vf, multi)
+    veth(fx.ns, "mp1", "02:00:00:00:01:04")
+    fx.map(pf, vf, multi)
+    # mp1 is the second port of mp0's function: port 2's default GID names it.
     mfn = (fx.sys / "bus/pci/devices" / multi.pci_address).resolve()
-    render_netdev(mfn, fx.sys, multi, "mp1", dev_port=1)
     (mfn / "infiniband/mlx5_4/ports/2/gid_attrs/ndevs/0").write_text("mp1\n")
+    (mfn / "infiniband/mlx5_4/ports/2/gids/0").write_text(default_gid("02:00:00:00:01:04") + "\n")
 
     devices = fx.discover()
-    assert set(devices) == {"pci-0000-8b-00-0", "pci-0000-8b-00-1", "pci-0000-8d-00-0", "pci-0000-8e-00-0"}
+    assert set(devices) == {"pci-0000-8b-00-0", "pci-0000-8b-00-1", "pci-0000-8e-00-0"}
     p, v = devices["pci-0000-8b-00-0"].attributes, devices["pci-0000-8b-00-1"].attributes
     assert (p["ifName"], p["sriov"], p["sriovVfs"], p["isSriovVf"]) == ("pf0", True, 1, False)
     assert (v["ifName"], v["sriov"], v["isSriovVf"]) == ("vf0", False, True)
-    assert devices["pci-0000-8d-00-0"].attributes["rdmaDevice"] == "mlx5_3"
     m = devices["pci-0000-8e-00-0"]
     assert m.attributes["ifName"] == "mp0" and m.attributes["rdmaDevice"] == "mlx5_4"
 
 
+def test_a_netdev_is_its_ports_only_by_name_and_mac(fx: Fixture, caplog) -> None:
+    """The daemon's own namespace has a netdev `r0` too (in sysfs, on another function, whose
+    GID names it); the test namespace's `r0` is the one whose MAC its port's GID carries."""
+    ours = nic(1, "r0")
+    theirs = nic(2, "r0", mac="02:00:00:00:0f:02", rdma_device="mlx5_0")  # sorts first
+    veth(fx.ns, "r0", ours.mac)
+    veth(fx.ns, "spoof0", "02:00:00:00:0f:03")
+    fx.map(ours)
+    render_nic(theirs, fx.sys, fx.dev)  # left in sysfs: the daemon's own namespace's netdev
+    render_nic(nic(3, "spoof0"), fx.sys, fx.dev)  # names spoof0, but with another MAC
+    fx.hide_netdev("spoof0")
+    with caplog.at_level(logging.DEBUG, logger="driver.discovery"):
+        devices = fx.discover()
+    assert list(devices) == ["pci-0000-8b-00-0"]
+    assert devices["pci-0000-8b-00-0"].attributes["ifName"] == "r0"
+    assert "skip spoof0: an RDMA port names a netdev of this name, but not this one" in caplog.text
+
+
 def test_skip_rules(fx: Fixture, caplog) -> None:
-    for i, name in enumerate(["ok0", "nodrv0", "vfio0", "excl0", "up0", "upvf0", "port0"]):
-        veth(fx.ns, name, f"02:00:00:00:02:{i:02x}")
     up_pf = nic(5, "up0", sriov_totalvfs=2, sriov_numvfs=1)
-    fx.map(
+    specs = [
         nic(1, "ok0"),
         nic(2, "nodrv0", driver=""),
         nic(3, "vfio0", driver="vfio-pci"),
@@ -132,12 +142,9 @@ def test_skip_rules(fx: Fixture, caplog) -> None:
         up_pf,
         nic(6, "upvf0", pci_address="0000:8f:00.1", is_vf=True, physfn=up_pf.pci_address),
         nic(7, "port0"),
-    )
-    # The loopback, even when sysfs (wrongly) maps it to a function, is never a candidate.
-    lo = fx.sys / "devices/virtual/net/lo"
-    lo.mkdir(parents=True)
-    (lo / "device").symlink_to(os.path.relpath(fx.sys / "bus/pci/devices/0000:8b:00.0", lo))
-    (fx.sys / "class/net/lo").symlink_to("../../devices/virtual/net/lo")
+    ]
+    _veths(fx, *specs)
+    fx.map(*specs)
     # Two default routes: IPv4 through up0, IPv6 through a bridge whose port is port0.
     ip(fx.ns, "link", "set", "lo", "up")
     ip(fx.ns, "addr", "add", "192.0.2.2/24", "dev", "up0")
@@ -149,13 +156,13 @@ def test_skip_rules(fx: Fixture, caplog) -> None:
     ip(fx.ns, "-6", "route", "add", "default", "via", "2001:db8::1", "dev", "br0")
 
     with caplog.at_level(logging.DEBUG, logger="driver.discovery"):
-        devices = fx.discover(exclude_interfaces=["excl0"])
+        devices = fx.discover(exclude=NicExclusions.parse("excl*"))
     assert [d.attributes["ifName"] for d in devices.values()] == ["ok0"]
     for reason in (
         "skip lo: loopback",
         "skip 0000:8c:00.0: bound to no driver",
         "skip 0000:8d:00.0: bound to vfio-pci",
-        "skip excl0: excluded",
+        "skip 0000:8e:00.0 (excl0): excluded by 'excl*'",
         "skip 0000:8f:00.0: carries",
         "skip 0000:8f:00.1: carries",
         "skip 0000:91:00.0: carries",
@@ -167,7 +174,7 @@ def test_skip_rules(fx: Fixture, caplog) -> None:
 
 
 def test_rename_keeps_the_device_name(fx: Fixture) -> None:
-    veth(fx.ns, "old0", "02:00:00:00:03:01")
+    veth(fx.ns, "old0", "02:00:00:00:00:01")
     fx.map(nic(1, "old0"))
     assert fx.discover()["pci-0000-8b-00-0"].attributes["ifName"] == "old0"
     ip(fx.ns, "link", "set", "old0", "down")
@@ -178,8 +185,8 @@ def test_rename_keeps_the_device_name(fx: Fixture) -> None:
 
 
 def test_allocated_nic_moved_into_a_pod_is_kept(fx: Fixture, pod_netns: str) -> None:
-    veth(fx.ns, "rdma0", "02:00:00:00:04:01")
-    veth(fx.ns, "rdma1", "02:00:00:00:04:02")
+    veth(fx.ns, "rdma0", "02:00:00:00:00:01")
+    veth(fx.ns, "rdma1", "02:00:00:00:00:02")
     ip(fx.ns, "addr", "add", "10.30.0.2/24", "dev", "rdma0")
     fx.map(nic(1, "rdma0"), nic(2, "rdma1"))
     disc = fx.discovery()
@@ -201,7 +208,7 @@ def test_allocated_nic_moved_into_a_pod_is_kept(fx: Fixture, pod_netns: str) -> 
 
 
 def test_many_addresses_stay_within_limits(fx: Fixture) -> None:
-    veth(fx.ns, "many0", "02:00:00:00:05:01")
+    veth(fx.ns, "many0", "02:00:00:00:00:01")
     lines = [f"addr add 10.40.{i}.2/24 dev many0" for i in range(40)]
     lines += [f"addr add fd00:{i:x}::2/64 dev many0 nodad" for i in range(40)]
     ip_batch(fx.ns, lines)
@@ -247,3 +254,32 @@ def test_watcher_coalesces_a_burst_of_address_changes(netns: str, watcher) -> No
     ip_batch(netns, [f"addr add 10.60.{i // 250}.{i % 250 + 1}/16 dev burst0" for i in range(100)])
     wait_for(lambda: w.events >= before_events + 100 and w.idle and len(calls) > before_calls)
     assert len(calls) - before_calls <= 5
+
+
+def test_watcher_ignores_links_that_can_never_be_nics(fx: Fixture) -> None:
+    """Veth churn next to a NIC: no callback, and no per-link table that keeps what left."""
+    veth(fx.ns, "r0", "02:00:00:00:00:01", up=False)  # down: no IPv6 link-local address arriving late
+    fx.map(nic(1, "r0"))
+    calls: list[float] = []
+    disc = fx.discovery()
+    w = NicWatcher(lambda: calls.append(1), netns=fx.ns, resync_period=3600, quiet=0.05, may_be_nic=disc.may_be_nic)
+    w.start()
+    try:
+        assert [d.name for d in disc.discover()] == ["pci-0000-8b-00-0"]
+        lines = [f"link add c{i} type veth peer name c{i}p" for i in range(100)]
+        lines += [f"link set c{i} up" for i in range(100)] + [f"link set c{i}p up" for i in range(100)]
+        lines += [f"addr add 10.80.{i}.1/24 dev c{i}" for i in range(100)]
+        lines += [f"link del c{i}" for i in range(100)]
+        ip_batch(fx.ns, lines)
+        ip(fx.ns, "addr", "add", "192.0.2.1/24", "dev", "r0")  # the NIC's change, last
+        wait_for(lambda: len(calls) >= 1 and w.idle, what="the NIC's change")
+        assert len(calls) == 1, "only the NIC's address change calls back"
+        assert w.ignored >= 600, w.ignored  # creations, state changes, addresses, deletions
+        with netlink.RouteSocket(fx.ns) as rs:
+            live = len(rs.links())
+        links, names = w.tracked
+        assert links <= live and names <= 1, (w.tracked, live)  # nothing kept of what left
+        assert w.link_events("c7") == 0
+        assert disc.discover()[0].attributes["ipv4"] == "192.0.2.1/24"
+    finally:
+        w.stop()

@@ -186,7 +186,7 @@ def test_kubeapi_claim_read_and_status_apply(srv: Any, api: KubeAPI) -> None:
         "lastTransitionTime": "2030-01-01T00:00:00Z",
     }
     entry = {"driver": DRIVER, "pool": NODE, "device": "gpu-0000", "conditions": [condition]}
-    api.apply_claim_status("default", "c1", [entry], DRIVER)
+    api.apply_claim_status("default", "c1", [entry], DRIVER, uid=claim["metadata"]["uid"])
     (req,) = [r for r in srv.requests if r.method == "PATCH"]
     assert req.subresource == "status"
     assert req.content_type == "application/apply-patch+yaml"

@@ -22,6 +22,7 @@ from cdi import (
     make_spec,
     read_spec,
     remove_spec,
+    remove_temp_files,
     spec_filename,
     write_spec,
 )
@@ -95,6 +96,56 @@ def test_data_is_durable_before_the_rename_and_the_rename_after(tmp_path: Path, 
     monkeypatch.setattr(os, "replace", replace)
     write_spec(tmp_path, _spec(), "x.json")
     assert events == ["fsync-file", "rename", "fsync-dir"]
+
+
+def _leave_temp_file(target: Path) -> Path:
+    """What a writer killed between write and rename leaves (the same name `atomic_write` uses)."""
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    return Path(tmp)
+
+
+def test_leftover_temporary_files_are_removed_by_their_target_prefix_only(tmp_path: Path):
+    ours = _leave_temp_file(tmp_path / f"{VENDOR}-claim_uid1.json")
+    other_vendor = _leave_temp_file(tmp_path / "nvidia.com-gpu.json")
+    not_a_temp = tmp_path / f".{VENDOR}-claim_uid2.json.tmp"  # no random part: not atomic_write's
+    not_a_temp.write_text("x")
+    (tmp_path / "x.json").write_text("{}")
+    assert remove_temp_files(tmp_path, f"{VENDOR}-claim_") == [ours]
+    assert sorted(os.listdir(tmp_path)) == sorted([other_vendor.name, not_a_temp.name, "x.json"])
+    assert remove_temp_files(tmp_path / "missing") == []
+
+
+def test_a_temporary_file_being_written_is_left_to_its_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The other daemon of a rolling update may be between write and rename right now: its
+    temporary file is still locked, and sweeping the directory must not make its rename fail."""
+    swept: list[Path] = []
+    real_replace = os.replace
+
+    def sweep_then_replace(src: str, dst: str) -> None:
+        swept.extend(remove_temp_files(tmp_path))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", sweep_then_replace)
+    path = write_spec(tmp_path, _spec(), "x.json")
+    assert swept == [] and read_spec(path) == _spec()
+
+
+def test_a_temporary_file_swept_before_its_writer_locked_it_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    real_mkstemp = tempfile.mkstemp
+    calls: list[str] = []
+
+    def mkstemp_then_sweep(**kwargs: str) -> tuple[int, str]:
+        fd, name = real_mkstemp(**kwargs)
+        calls.append(name)
+        if len(calls) == 1:
+            assert remove_temp_files(tmp_path) == [Path(name)]
+        return fd, name
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_sweep)
+    path = write_spec(tmp_path, _spec(), "x.json")
+    assert len(calls) == 2 and read_spec(path) == _spec()
+    assert os.listdir(tmp_path) == ["x.json"]
 
 
 def test_overwrite_replaces_the_content(tmp_path: Path):

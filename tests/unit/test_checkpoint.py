@@ -103,3 +103,28 @@ def test_a_rewrite_by_another_instance_is_seen_even_with_the_same_size_and_time(
     assert path.stat().st_size == first.st_size
     os.utime(path, ns=(first.st_atime_ns, first.st_mtime_ns))  # as if written within the same tick
     assert set(mine.read()) == {"u2"}
+
+
+def test_a_lost_record_stays_marked_incomplete_until_it_is_rebuilt(tmp_path: Path):
+    """Claims may still be prepared that no record names: the file says so, for the other instance
+    of a rolling update and for the next start, until reconciliation has rebuilt the records."""
+    (tmp_path / "checkpoint.json").write_text('{"claims": [truncated')
+    mine, other = Checkpoint(tmp_path, "b"), Checkpoint(tmp_path, "b")
+    with mine.transaction() as claims:
+        claims["u1"] = _record("u1")
+    assert mine.incomplete
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["incomplete"] is True
+    assert set(other.read()) == {"u1"} and other.incomplete
+    other.mark_complete()
+    assert "incomplete" not in json.loads((tmp_path / "checkpoint.json").read_text())
+    assert set(mine.read()) == {"u1"} and not mine.incomplete
+
+
+def test_a_missing_file_is_incomplete_and_one_of_an_earlier_boot_is_not(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "boot-1")
+    assert cp.read() == {} and cp.incomplete
+    with cp.transaction() as claims:
+        claims["u1"] = _record()
+    cp.mark_complete()
+    after_reboot = Checkpoint(tmp_path, "boot-2")
+    assert after_reboot.read() == {} and not after_reboot.incomplete, "nothing of an earlier boot is prepared"

@@ -17,20 +17,21 @@ from cdi.version import version_key
 from driver.claim_cdi import (
     ClaimSpecError,
     PlannedDevice,
-    _device_node,
     claim_spec,
     claim_spec_filename,
     pair_gpus_with_nics,
 )
 from driver.config_api import GpuConfig, NicConfig, RequestConfig
+from driver.device_nodes import DeviceNodes
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, GpuInfo, NicInfo
 from sim import nvml as sim_nvml
 from sim.driver_files import render_driver_files
-from sim.profile import a100_mig_node, h100_node
-from sim.sysfs import render_node
+from sim.nics import render_nic
+from sim.profile import NicSpec, a100_mig_node, h100_node
+from sim.sysfs import NVIDIA_CAPS_MAJOR, NVIDIA_UVM_MAJOR, render_node
 
 DRIVER = "tandem.example.org"
 UID = "7f1c9e2a-51d3-4c3e-9b61-0c2f3a5d8e11"
@@ -42,26 +43,37 @@ SHARE_B = "0a5b2c3d-1111-4222-8333-777788889999"
 @dataclass
 class Node:
     dev: Path
+    proc: Path
     devices: dict[str, Device]
     files: DriverFiles
 
+    @property
+    def nodes(self) -> DeviceNodes:
+        return DeviceNodes(self.dev, self.proc)
 
-def _discover(root: Path, profile, with_nics: bool) -> Node:  # type: ignore[no-untyped-def]
+
+def _discover(root: Path, profile, with_nics: bool, lazy_nodes: bool = False) -> Node:  # type: ignore[no-untyped-def]
     state = root / "nvml.json"
-    render_node(profile, root / "sys", root / "dev", root / "proc")
+    render_node(profile, root / "sys", root / "dev", root / "proc", lazy_nodes=lazy_nodes)
     render_driver_files(root / "driver")
     with sim_nvml.fake_pynvml_in_process(state):
         sim_nvml.write_state(profile, state)
         devices = GpuDiscovery(root / "sys", proc_root=root / "proc").discover()
     if with_nics:
         devices += NicDiscovery(root / "sys", root / "dev", netlink=False).discover()
-    return Node(root / "dev", {d.name: d for d in devices}, find_driver_files(root / "driver"))
+    return Node(root / "dev", root / "proc", {d.name: d for d in devices}, find_driver_files(root / "driver"))
 
 
 @pytest.fixture(scope="module")
 def h100(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Node]:
     """4 GPUs (0, 1 on NUMA 0; 2, 3 on NUMA 1) and 2 NICs: mlx5_0 on GPU 0's root, mlx5_1 on GPU 2's."""
     yield _discover(tmp_path_factory.mktemp("h100"), h100_node("h", gpus=4, nics=2), with_nics=True)
+
+
+@pytest.fixture
+def fresh(tmp_path: Path) -> Node:
+    """The h100 node rendered for one test, which may break its /dev and /proc."""
+    return _discover(tmp_path, h100_node("h", gpus=4, nics=2), with_nics=True)
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +90,7 @@ def plan(
 def build(
     node: Node, planned: list[PlannedDevice], dev_root: Path | None = None
 ) -> tuple[cdi.Spec, dict[str, list[str]]]:
-    spec, ids = claim_spec(DRIVER, UID, planned, dev_root or node.dev, node.files)
+    spec, ids = claim_spec(DRIVER, UID, planned, DeviceNodes(dev_root or node.dev, node.proc), node.files)
     assert spec is not None
     cdi.validate(spec)
     return spec, ids
@@ -148,26 +160,141 @@ def test_host_path_only_when_dev_root_is_not_dev(h100: Node) -> None:
     spec, _ = build(h100, [plan(h100.devices["gpu-0"])])
     (node,) = device(spec, "gpu-0").container_edits.device_nodes
     assert (node.path, node.host_path) == ("/dev/nvidia0", str(h100.dev / "nvidia0"))
-    real = _device_node(Path("/dev"), "null")
+    real = DeviceNodes(Path("/dev"), Path("/proc")).node("null")
     assert real is not None and real.path == "/dev/null" and real.host_path == ""
     assert (real.type, real.major, real.minor) == ("c", 1, 3)
 
 
 def test_plain_file_node_leaves_type_and_numbers_to_the_runtime(tmp_path: Path) -> None:
     (tmp_path / "nvidia0").touch()
-    node = _device_node(tmp_path, "nvidia0")
+    node = DeviceNodes(tmp_path, tmp_path / "proc").node("nvidia0")
     assert node == cdi.DeviceNode(path="/dev/nvidia0", host_path=str(tmp_path / "nvidia0"), permissions="rw")
 
 
-def test_missing_nodes_are_skipped_and_logged(tmp_path: Path, h100: Node, caplog: pytest.LogCaptureFixture) -> None:
-    dev = tmp_path / "dev"
-    dev.mkdir()
-    for name in ("nvidia1", "nvidiactl", "nvidia-uvm"):
-        (dev / name).touch()
-    with caplog.at_level(logging.INFO, logger="driver.claim_cdi"):
-        spec, _ = build(h100, [plan(h100.devices["gpu-1"])], dev_root=dev)
-    assert all_node_paths(spec) == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia1"]
-    assert str(dev / "nvidia-modeset") in caplog.text and str(dev / "nvidia-uvm-tools") in caplog.text
+def test_optional_nodes_are_left_out_with_a_warning(fresh: Node, caplog: pytest.LogCaptureFixture) -> None:
+    """nvidia-modeset is display, rdma_cm librdmacm's: CUDA, NCCL and UCX work without them."""
+    dev = fresh.dev
+    (dev / "nvidia-modeset").unlink()
+    (dev / "infiniband/rdma_cm").unlink()
+    with caplog.at_level(logging.WARNING, logger="driver.device_nodes"):
+        spec, _ = build(fresh, [plan(fresh.devices["gpu-1"]), plan(fresh.devices["pci-0000-17-00-0"])])
+    assert all_node_paths(spec) == [
+        "/dev/nvidiactl",
+        "/dev/nvidia-uvm",
+        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia1",
+        "/dev/infiniband/uverbs0",
+    ]
+    assert str(dev / "nvidia-modeset") in caplog.text and str(dev / "infiniband/rdma_cm") in caplog.text
+
+
+# -- device nodes made on first use, as nvidia-modprobe makes them --------------------------------
+
+needs_mknod = pytest.mark.skipif(os.geteuid() != 0, reason="making character devices needs root (CAP_MKNOD)")
+
+
+@needs_mknod
+def test_lazily_made_gpu_nodes_are_created_from_proc(tmp_path: Path) -> None:
+    """A fresh node has no nvidia-uvm until some CUDA process ran nvidia-modprobe: prepare makes it."""
+    node = _discover(tmp_path, h100_node("h", gpus=2, nics=0), with_nics=False, lazy_nodes=True)
+    assert not (node.dev / "nvidia-uvm").exists() and not (node.dev / "nvidia-uvm-tools").exists()
+    (node.dev / "nvidia1").unlink()  # the GPU's own node too (major 195 is fixed)
+    spec, _ = build(node, [plan(node.devices["gpu-1"])])
+    made = {
+        n.path: n for n in [*spec.container_edits.device_nodes, *device(spec, "gpu-1").container_edits.device_nodes]
+    }
+    for name, major, minor in (("nvidia-uvm", NVIDIA_UVM_MAJOR, 0), ("nvidia-uvm-tools", NVIDIA_UVM_MAJOR, 1),
+                               ("nvidia1", 195, 1)):  # fmt: skip
+        st = os.stat(node.dev / name)
+        assert stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor), name
+        assert stat.S_IMODE(st.st_mode) == 0o666 and (st.st_uid, st.st_gid) == (0, 0), name
+        n = made[f"/dev/{name}"]
+        assert (n.type, n.major, n.minor, n.file_mode) == ("c", major, minor, 0o666)
+
+
+@needs_mknod
+def test_a_node_half_made_by_a_killed_daemon_is_made_again_whole(tmp_path: Path) -> None:
+    """Killed between mknod and chmod, a daemon leaves only its temporary node, never a node with
+    the umask's narrower mode: the next prepare removes the temporary one and makes the node."""
+    node = _discover(tmp_path, h100_node("h", gpus=1, nics=0), with_nics=False, lazy_nodes=True)
+    left = node.dev / ".nvidia-uvm.tandem-new"
+    os.mknod(left, stat.S_IFCHR | 0o600, os.makedev(NVIDIA_UVM_MAJOR, 0))
+    build(node, [plan(node.devices["gpu-0"])])
+    assert stat.S_IMODE(os.stat(node.dev / "nvidia-uvm").st_mode) == 0o666
+    assert sorted(p.name for p in node.dev.iterdir() if p.name.startswith(".")) == []
+
+
+@needs_mknod
+def test_lazily_made_mig_capability_nodes_take_the_access_files_mode(tmp_path: Path) -> None:
+    node = _discover(tmp_path, a100_mig_node("m", gpus=1, per_gpu=2), with_nics=False, lazy_nodes=True)
+    mig = node.devices["gpu-0-mig-1g-5gb-7-0"]
+    assert mig.gpu is not None and not (node.dev / "nvidia-caps").exists()
+    spec, _ = build(node, [plan(mig)])
+    assert stat.S_IMODE(os.stat(node.dev / "nvidia-caps").st_mode) == 0o755
+    for minor in mig.gpu.mig_caps:
+        st = os.stat(node.dev / f"nvidia-caps/nvidia-cap{minor}")
+        assert (os.major(st.st_rdev), os.minor(st.st_rdev)) == (NVIDIA_CAPS_MAJOR, minor)
+        assert stat.S_IMODE(st.st_mode) == 0o444  # DeviceFileMode: 292 in its access file
+    assert [n.file_mode for n in device(spec, mig.name).container_edits.device_nodes][1:] == [0o444, 0o444]
+
+
+def test_missing_uvm_node_without_the_module_fails_the_claim_naming_it(fresh: Node) -> None:
+    (fresh.dev / "nvidia-uvm").unlink()
+    devices = (fresh.proc / "devices").read_text()
+    (fresh.proc / "devices").write_text("".join(line for line in devices.splitlines(True) if "nvidia-uvm" not in line))
+    with pytest.raises(ClaimSpecError, match=rf"{fresh.dev}/nvidia-uvm is missing .* no nvidia-uvm .*module loaded"):
+        claim_spec(DRIVER, UID, [plan(fresh.devices["gpu-0"])], fresh.nodes, fresh.files)
+    assert not (fresh.dev / "nvidia-uvm").exists()
+
+
+def test_missing_gpu_node_the_driver_forbids_making_fails_the_claim(fresh: Node) -> None:
+    """ModifyDeviceFiles: 0 means whoever set it manages the nodes: never make one then."""
+    (fresh.dev / "nvidia2").unlink()
+    params = fresh.proc / "driver/nvidia/params"
+    params.write_text(params.read_text().replace("ModifyDeviceFiles: 1", "ModifyDeviceFiles: 0"))
+    with pytest.raises(ClaimSpecError, match=rf"{fresh.dev}/nvidia2 is missing and the NVIDIA driver forbids"):
+        claim_spec(DRIVER, UID, [plan(fresh.devices["gpu-2"])], fresh.nodes, fresh.files)
+    assert not (fresh.dev / "nvidia2").exists()
+
+
+@pytest.mark.parametrize(("name", "module"), [("uverbs1", "ib_uverbs"), ("umad1", "ib_umad"), ("issm1", "ib_umad")])
+def test_missing_rdma_node_fails_the_claim_naming_node_and_module(fresh: Node, name: str, module: str) -> None:
+    """udev makes RDMA nodes when the module registers the device: nothing Tandem may make up."""
+    (fresh.dev / "infiniband" / name).unlink()
+    mad = RequestConfig(nic=NicConfig(mad=True))
+    with pytest.raises(ClaimSpecError, match=rf"{fresh.dev}/infiniband/{name} is missing: .*{module} kernel module"):
+        claim_spec(DRIVER, UID, [plan(fresh.devices["pci-0000-39-00-0"], config=mad)], fresh.nodes, fresh.files)
+    assert not (fresh.dev / "infiniband" / name).exists()
+
+
+def test_rdma_node_missing_when_discovered_fails_the_claim_naming_it(tmp_path: Path) -> None:
+    """Discovery names the NIC's char devices from sysfs; whether their nodes exist is prepare's to check."""
+    root = tmp_path / "n"
+    render_node(h100_node("h", gpus=0, nics=1), root / "sys", root / "dev")
+    (root / "dev/infiniband/uverbs0").unlink()
+    (nic,) = NicDiscovery(root / "sys", root / "dev", netlink=False).discover()
+    assert nic.nic is not None and nic.nic.uverbs == "uverbs0"
+    with pytest.raises(ClaimSpecError, match=rf"{root}/dev/infiniband/uverbs0 is missing: .*ib_uverbs"):
+        claim_spec(DRIVER, UID, [plan(nic)], DeviceNodes(root / "dev", root / "proc"), DriverFiles())
+
+
+def test_nic_without_a_uverbs_device_fails_the_claim(h100: Node) -> None:
+    nic = h100.devices["pci-0000-17-00-0"]
+    assert nic.nic is not None
+    unloaded = dataclasses.replace(nic, nic=dataclasses.replace(nic.nic, uverbs="", umad="", issm=""))
+    with pytest.raises(ClaimSpecError, match="no uverbs device in sysfs: the ib_uverbs kernel module"):
+        claim_spec(DRIVER, UID, [plan(unloaded)], h100.nodes, h100.files)
+    with pytest.raises(ClaimSpecError, match=r"NicConfig\.mad needs the ib_umad kernel module"):
+        bare = dataclasses.replace(nic, nic=dataclasses.replace(nic.nic, umad="", issm=""))
+        claim_spec(DRIVER, UID, [plan(bare, config=RequestConfig(nic=NicConfig(mad=True)))], h100.nodes, h100.files)
+
+
+def test_mig_device_without_capability_minors_fails_the_claim(a100: Node) -> None:
+    mig = a100.devices["gpu-0-mig-1g-5gb-7-0"]
+    assert mig.gpu is not None
+    blind = dataclasses.replace(mig, gpu=dataclasses.replace(mig.gpu, mig_caps=()))
+    with pytest.raises(ClaimSpecError, match="no nvidia-caps access minors"):
+        claim_spec(DRIVER, UID, [plan(blind)], a100.nodes, a100.files)
 
 
 def test_mig_device_gets_parent_node_and_its_two_caps(a100: Node) -> None:
@@ -241,6 +368,18 @@ def test_two_nics_share_rdma_cm_once_and_list_both(h100: Node) -> None:
     assert env["UCX_NET_DEVICES"] == "mlx5_0:1,mlx5_1:1"
 
 
+def test_ucx_names_the_port_the_netdev_is_on(tmp_path: Path, h100: Node) -> None:
+    """A two-port function whose netdev sits on port 2: UCX must be told `<rdma>:2`, not `:1`."""
+    spec2 = NicSpec("0000:5b:00.0", "pci0000:5a", 0, "ens5f0np0", "b8:3f:d2:00:00:55", "mlx5_5", 5, ports=2)
+    render_nic(spec2, tmp_path / "sys", tmp_path / "dev")
+    fn = (tmp_path / "sys/bus/pci/devices/0000:5b:00.0").resolve()
+    (fn / "infiniband/mlx5_5/ports/1/gid_attrs/ndevs/0").write_text("other\n")
+    (nic,) = NicDiscovery(tmp_path / "sys", tmp_path / "dev", netlink=False).discover()
+    assert nic.nic is not None and nic.nic.port == 2
+    env = all_env(claim_spec(DRIVER, UID, [plan(nic)], DeviceNodes(tmp_path / "dev", tmp_path), h100.files)[0])  # type: ignore[arg-type]
+    assert env["UCX_NET_DEVICES"] == "mlx5_5:2"
+
+
 def test_exclusive_nic_moves_the_netdev_and_needs_1_1_0(h100: Node) -> None:
     nic = h100.devices["pci-0000-17-00-0"]
     spec, _ = build(h100, [plan(nic, config=exclusive("net1"))])
@@ -253,7 +392,7 @@ def test_exclusive_nics_with_the_same_pod_name_are_refused(h100: Node) -> None:
     a, b = h100.devices["pci-0000-17-00-0"], h100.devices["pci-0000-39-00-0"]
     with pytest.raises(ClaimSpecError, match="net1"):
         claim_spec(
-            DRIVER, UID, [plan(a, config=exclusive("net1")), plan(b, config=exclusive("net1"))], h100.dev, h100.files
+            DRIVER, UID, [plan(a, config=exclusive("net1")), plan(b, config=exclusive("net1"))], h100.nodes, h100.files
         )
 
 
@@ -262,7 +401,7 @@ def test_exclusive_nic_without_a_host_netdev_is_refused(h100: Node) -> None:
     assert nic.nic is not None
     gone = dataclasses.replace(nic, nic=dataclasses.replace(nic.nic, present=False))
     with pytest.raises(ClaimSpecError, match="no network interface"):
-        claim_spec(DRIVER, UID, [plan(gone, config=exclusive("net1"))], h100.dev, h100.files)
+        claim_spec(DRIVER, UID, [plan(gone, config=exclusive("net1"))], h100.nodes, h100.files)
 
 
 # -- GPU + NIC ----------------------------------------------------------------------------------
@@ -356,10 +495,10 @@ def test_spec_round_trips_through_the_cdi_writer(h100: Node, tmp_path: Path) -> 
 
 
 def test_no_devices_no_spec(h100: Node) -> None:
-    assert claim_spec(DRIVER, UID, [], h100.dev, h100.files) == (None, {})
+    assert claim_spec(DRIVER, UID, [], h100.nodes, h100.files) == (None, {})
 
 
 def test_device_without_hardware_info_is_refused(h100: Node) -> None:
     bare = Device("gpu-9", DeviceKind.GPU)
     with pytest.raises(ClaimSpecError, match="gpu-9"):
-        claim_spec(DRIVER, UID, [plan(bare)], h100.dev, h100.files)
+        claim_spec(DRIVER, UID, [plan(bare)], h100.nodes, h100.files)

@@ -6,14 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from driver.cli import config_from_args, driver_parser
-from driver.config import ConfigError
+from driver.cli import config_from_args, driver_main, driver_parser
+from driver.config import ConfigError, NicExclusions
 from driver.model import DeviceKind
 
 
 def _config(argv, monkeypatch, env=None):
-    for key in ("NODE_NAME", "DRIVER_NAME", "KUBECONFIG", "POD_UID", "DEVICE_KINDS", "CDI_ROOT"):
-        monkeypatch.delenv(key, raising=False)
+    _clean_environment(monkeypatch)
     for k, v in (env or {}).items():
         monkeypatch.setenv(k, v)
     return config_from_args(driver_parser().parse_args(["run", *argv]))
@@ -71,3 +70,135 @@ def test_flags_override_environment(monkeypatch):
 def test_invalid_values(argv, match, monkeypatch):
     with pytest.raises(ConfigError, match=match):
         _config(argv, monkeypatch)
+
+
+# One bad value per environment variable the daemon reads, and what its error must say. The
+# test below fails when a flag gains an environment variable this table does not cover.
+BAD_ENVIRONMENT = {
+    "NODE_NAME": ("Bad_Name", "--node-name 'Bad_Name' is not a valid node name"),
+    "DRIVER_NAME": ("nodomain", "--driver-name 'nodomain' must be"),
+    "KUBECONFIG": ("/nonexistent/kubeconfig", "--kubeconfig '/nonexistent/kubeconfig' is not a file"),
+    "KUBELET_REGISTRAR_DIRECTORY_PATH": ("registry", "--kubelet-registrar-dir 'registry' must be an absolute path"),
+    "POD_UID": ("../x", "--pod-uid '../x' is not a valid pod UID"),
+    "KUBELET_PLUGINS_DIRECTORY_PATH": ("plugins", "--kubelet-plugins-dir 'plugins' must be an absolute path"),
+    "CDI_ROOT": ("cdi", "--cdi-root 'cdi' must be an absolute path"),
+    "SYSFS_ROOT": ("sys", "--sysfs-root 'sys' must be an absolute path"),
+    "DEV_ROOT": ("dev", "--dev-root 'dev' must be an absolute path"),
+    "PROC_ROOT": ("proc", "--proc-root 'proc' must be an absolute path"),
+    "NVIDIA_DRIVER_ROOT": ("drv", "--nvidia-driver-root 'drv' must be an absolute path"),
+    "NVIDIA_DRIVER_ROOT_HOST": ("drv", "--nvidia-driver-root-host 'drv' must be an absolute path"),
+    "DEVICE_KINDS": ("gpu,tpu", "--device-kinds: unknown kind 'tpu'"),
+    "LIST_ATTRIBUTES": ("maybe", "argument --list-attributes (from LIST_ATTRIBUTES='maybe'): 'maybe' is not a boolean"),
+    "REDISCOVER_PERIOD": ("abc", "argument --rediscover-period (from REDISCOVER_PERIOD='abc'): 'abc' is not a number"),
+    "METRICS_ADDRESS": ("0.0.0.0:99999", "--metrics-address '0.0.0.0:99999' must be HOST:PORT"),
+    "IGNORED_XIDS": ("13,x", "--ignored-xids: 'x' is not an XID number"),
+    "TAINT_EFFECTS": ("tandem.dev/xid=Sometimes", "--taint-effect: "),
+    "HEALTH_QUIET_PERIOD": ("-1", "--health-quiet-period -1.0 must be a finite number of seconds"),
+    "LINK_DEBOUNCE": ("inf", "argument --link-debounce (from LINK_DEBOUNCE='inf'): 'inf' is not a finite number"),
+    "NETNS": ("../x", "--netns '../x' must be the name of a namespace"),
+    "EXCLUDE_NICS": ("eth 0", "--exclude-nics: 'eth 0' is not a netdev name or glob"),
+    "NIC_LINK_SOURCE": ("pigeon", "argument --nic-link-source (from NIC_LINK_SOURCE='pigeon'): 'pigeon' is not one of"),
+    "VERBOSITY": ("x", "argument -v/--verbose (from VERBOSITY='x'): 'x' is not a verbosity level"),
+    "LOG_FORMAT": ("xml", "argument --log-format (from LOG_FORMAT='xml'): 'xml' is not one of: text, json"),
+}
+
+
+def _environment_variables() -> set[str]:
+    parser = driver_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    return {f.env for sub in commands.values() for f in sub.env_flags}
+
+
+def _clean_environment(monkeypatch) -> None:
+    for name in _environment_variables():
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_the_table_covers_every_environment_variable():
+    assert set(BAD_ENVIRONMENT) == _environment_variables()
+
+
+@pytest.mark.parametrize("name", sorted(BAD_ENVIRONMENT))
+def test_a_bad_environment_value_is_a_one_line_error_with_exit_code_2(name, monkeypatch, capsys):
+    _clean_environment(monkeypatch)
+    value, message = BAD_ENVIRONMENT[name]
+    monkeypatch.setenv(name, value)
+    if name != "NODE_NAME":
+        monkeypatch.setenv("NODE_NAME", "n1")
+    with pytest.raises(SystemExit) as exit_:
+        driver_main(["run"])
+    assert exit_.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("REDISCOVER_PERIOD", "nan"),
+        ("REDISCOVER_PERIOD", "0"),
+        ("HEALTH_QUIET_PERIOD", "nan"),
+        ("LINK_DEBOUNCE", "-inf"),
+    ],
+)
+def test_periods_must_be_finite_and_positive(name, value, monkeypatch, capsys):
+    _clean_environment(monkeypatch)
+    monkeypatch.setenv("NODE_NAME", "n1")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exit_:
+        driver_main(["run"])
+    assert exit_.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["liveness", "demo"])
+def test_other_commands_check_their_environment_too(command, monkeypatch, capsys):
+    _clean_environment(monkeypatch)
+    monkeypatch.setenv("VERBOSITY", "loud")
+    with pytest.raises(SystemExit) as exit_:
+        driver_main([command])
+    assert exit_.value.code == 2
+    assert "VERBOSITY='loud'" in capsys.readouterr().err
+
+
+def test_command_line_values_get_the_same_checks(monkeypatch):
+    _clean_environment(monkeypatch)
+    with pytest.raises(SystemExit):
+        driver_parser().parse_args(["run", "--rediscover-period", "nan"])
+    with pytest.raises(ConfigError, match="finite"):
+        _config(["--node-name", "n", "--link-debounce", "-1"], monkeypatch)
+
+
+def test_environment_values_of_every_kind(monkeypatch):
+    c = _config(
+        [],
+        monkeypatch,
+        {
+            "NODE_NAME": "n1",
+            "LIST_ATTRIBUTES": "true",
+            "REDISCOVER_PERIOD": "2.5",
+            "TAINT_EFFECTS": "tandem.dev/xid=NoExecute, tandem.dev/ecc=None",
+            "LINK_DEBOUNCE": "0",
+            "NIC_LINK_SOURCE": "sysfs",
+            "EXCLUDE_NICS": "eth*, 0000:3B:00.1",
+        },
+    )
+    assert c.list_attributes and c.rediscover_period == 2.5 and c.link_debounce == 0
+    assert c.taint_effects == ("tandem.dev/xid=NoExecute", "tandem.dev/ecc=None")
+    assert c.nic_link_source == "sysfs"
+    assert c.exclude_nics.patterns == ("eth*", "0000:3b:00.1")
+    flags = _config(["--node-name", "n1", "--list-attributes", "--taint-effect", "tandem.dev/xid=None"], monkeypatch,
+                    {"LIST_ATTRIBUTES": "0", "TAINT_EFFECTS": "tandem.dev/ecc=None"})  # fmt: skip
+    assert flags.list_attributes and flags.taint_effects == ("tandem.dev/xid=None",)
+
+
+def test_nic_exclusions_match_netdev_names_and_pci_addresses():
+    ex = NicExclusions.parse("stor*,0000:3b:00.*,mgmt0")
+    assert ex.match("0000:8a:00.0", ["storage0"]) == "stor*"
+    assert ex.match("0000:3B:00.1", []) == "0000:3b:00.*"
+    assert ex.match("0000:8a:00.0", ["ens1f0", "mgmt0"]) == "mgmt0"
+    assert ex.match("0000:8a:00.0", ["ens1f0"]) is None
+    assert NicExclusions.parse(" , ").patterns == ()
+    for bad in ("0000:zz:00.0", "a/b", "x y"):
+        with pytest.raises(ConfigError, match="--exclude-nics"):
+            NicExclusions.parse(bad)

@@ -29,7 +29,7 @@ def test_class_first_then_claim_later_wins_field_by_field():
 
 
 def test_request_scoping_includes_subrequests():
-    entries = [_e({"apiVersion": V, "kind": "NicConfig", "mad": True}, requests=["nic"])]
+    entries = [_e({"apiVersion": V, "kind": "NicConfig", "mad": True}, source="FromClass", requests=["nic"])]
     assert resolve(entries, "nic/fast").nic.mad is True
     assert resolve(entries, "other").nic.mad is False
 
@@ -52,6 +52,25 @@ def test_request_scoping_includes_subrequests():
 def test_bad_configs_name_the_field(params, match):
     with pytest.raises(ConfigDecodeError, match=match):
         resolve([_e(params, index=3)], "nic")
+
+
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("source", ["FromClaim", "", "FromSomewhereNew"])
+def test_mad_from_anywhere_but_a_device_class_fails_the_claim(source, value):
+    """umad/issm let a pod act as an InfiniBand subnet manager: only cluster admins may grant them."""
+    entries = [
+        _e({"apiVersion": V, "kind": "NicConfig", "mad": True}, source="FromClass", index=0),
+        _e({"apiVersion": V, "kind": "NicConfig", "mad": value}, source=source, requests=["other"], index=1),
+    ]
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve(entries, "nic")  # even for a request the entry does not apply to
+    assert str(e.value).startswith(f"config[1] ({source}): NicConfig.mad is accepted only from DeviceClass")
+    assert "subnet manager" in str(e.value)
+
+
+def test_mad_from_a_device_class_is_accepted():
+    entries = [_e({"apiVersion": V, "kind": "NicConfig", "mad": True}, source="FromClass")]
+    assert resolve(entries, "nic").nic.mad is True
 
 
 def test_only_this_drivers_entries_are_taken():

@@ -12,7 +12,11 @@ import fnmatch
 import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,24 +176,97 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         assert not _dockerignore_excludes(path), path
 
 
+# Packaged in the wheel (`tandem-driver demo` from `pip install 'tandem-dra[sim]'`), but not in the
+# image: the privileged driver pod carries only the driver (issue 11, item 18).
+SIMULATION_PACKAGES = {"sim", "demo"}
+PACKAGES = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
+COPIED = {src for s in STAGES for i in s.instructions if i.keyword == "COPY" for src in _copy_sources(i)}
+
+
 def test_everything_the_package_build_needs_is_copied() -> None:
-    """setuptools needs pyproject.toml, the readme it names, and every package it finds."""
-    copied = {src for s in STAGES for i in s.instructions if i.keyword == "COPY" for src in _copy_sources(i)}
-    packages = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}
-    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} | packages <= copied
+    """setuptools needs pyproject.toml, the readme it names, and every package of the driver."""
+    assert SIMULATION_PACKAGES < PACKAGES, "pyproject.toml no longer packages the simulation: update this test"
+    assert {"pyproject.toml", PYPROJECT["project"]["readme"]} | (PACKAGES - SIMULATION_PACKAGES) <= COPIED
+
+
+def test_the_image_leaves_the_simulation_out() -> None:
+    """Neither copied nor in the build context: nothing of sim/ or demo/ can reach a layer."""
+    for package in sorted(SIMULATION_PACKAGES):
+        assert not any(src == package or src.startswith(f"{package}/") for src in COPIED), package
+        assert _dockerignore_excludes(package), f".dockerignore lets {package}/ into the build context"
+
+
+def _stage_builder_context(dest: Path) -> None:
+    """What the builder stage's WORKDIR holds after its COPY instructions (context files only)."""
+    (builder,) = [s for s in STAGES if s.name == "builder"]
+    ignore = shutil.ignore_patterns("__pycache__", "*.py[co]")
+    for ins in builder.instructions:
+        sources = _copy_sources(ins) if ins.keyword == "COPY" else []
+        if not sources:
+            continue
+        target = dest / shlex.split(ins.args)[-1]
+        for src in sources:
+            assert not _dockerignore_excludes(src), src
+            into = target / Path(src).name if ins.args.endswith("/") or len(sources) > 1 else target
+            if (REPO / src).is_dir():
+                shutil.copytree(REPO / src, into, ignore=ignore)
+            else:
+                into.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(REPO / src, into)
+
+
+def test_wheel_built_from_the_image_context_holds_only_the_driver(tmp_path: Path) -> None:
+    """The builder's own wheel command, run on what the builder copies: the wheel the image
+    installs has the driver, its console scripts and no simulation."""
+    stage, wheels = tmp_path / "src", tmp_path / "wheels"
+    _stage_builder_context(stage)
+    pip_wheel = ["pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q", "--wheel-dir", str(wheels)]
+    subprocess.run(
+        [sys.executable, "-m", *pip_wheel, str(stage)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+        env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+    )
+    (wheel,) = wheels.glob("tandem_dra-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
+        scripts = zf.read(entry_points).decode()
+    top = {n.split("/", 1)[0] for n in names if not n.split("/", 1)[0].endswith(".dist-info")}
+    assert top == PACKAGES - SIMULATION_PACKAGES
+    assert "driver/daemon.py" in names and "cdi/spec.py" in names
+    for script in PYPROJECT["project"]["scripts"]:
+        assert f"{script} = " in scripts, script
 
 
 def test_builder_installs_only_hash_pinned_binaries() -> None:
     builder = "\n".join(_runs(s) for s in STAGES[:-1])
     assert re.search(r"pip install --require-hashes --only-binary=:all: -r requirements-build.lock", builder)
     assert re.search(r"pip wheel --require-hashes --only-binary=:all: --wheel-dir \S+ -r requirements.lock", builder)
-    assert re.search(r"pip wheel --no-deps --no-build-isolation .* \.$", builder, re.MULTILINE)
+    assert re.search(r"pip wheel --no-deps --no-build-isolation .* \.( &&|$)", builder, re.MULTILINE)
 
 
 def test_final_stage_installs_the_package_from_wheels_only() -> None:
     final = _runs(FINAL)
     assert re.search(r"pip install --no-index --find-links \S+ --require-hashes -r \S*requirements.lock", final)
     assert re.search(r"pip install --no-index --no-deps \S*tandem_dra-\*\.whl", final)
+
+
+def test_final_install_layer_is_keyed_by_what_the_builder_made() -> None:
+    """buildah (`podman build`, which hack/cluster uses) keys its layer cache for a RUN by the
+    instruction and the layer below, not by what a bind mount from another stage holds: with the
+    wheels only bind-mounted, a rebuild after a code change reused the old install layer, and the
+    image kept the old driver. A COPY from the builder is keyed by content, so copying the wheels'
+    checksums in just before the install makes every new wheel a new layer; the install then
+    checks the wheels against them."""
+    final = FINAL.instructions
+    install = next(i for i, ins in enumerate(final) if ins.keyword == "RUN" and "from=builder" in ins.args)
+    sums = [shlex.split(ins.args) for ins in final[:install] if ins.keyword == "COPY" and "--from=builder" in ins.args]
+    assert sums, "no COPY --from=builder before the install: buildah's cache cannot see a new wheel"
+    source, target = sums[-1][-2:]
+    assert re.search(rf"sha256sum [^\n]*> *{re.escape(source)}", "\n".join(_runs(s) for s in STAGES[:-1]))
+    assert re.search(rf"sha256sum [^\n]*-c [^\n]*{re.escape(target)}", final[install].args)
 
 
 def test_final_stage_has_no_build_tools_or_source_tree() -> None:

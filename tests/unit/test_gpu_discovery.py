@@ -324,6 +324,33 @@ def test_nvml_is_preloaded_from_the_mounted_driver_root(tmp_path: Path) -> None:
     assert preload_nvml(tmp_path) == lib
 
 
+def test_nvml_is_preloaded_through_links_that_are_absolute_inside_the_driver_root(tmp_path: Path) -> None:
+    """Debian's packaged driver: libnvidia-ml.so.1 -> /etc/alternatives/... -> the real file.
+
+    Absolute targets name files of the driver root's own tree; resolved against the pod's root
+    they point nowhere, and NVML would never be loaded from a host mounted at /driver-root.
+    """
+    from driver.discovery.nvml import preload_nvml
+
+    real = tmp_path / "usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.580.95.05"
+    real.parent.mkdir(parents=True)
+    libz = next(Path("/").glob("usr/lib/*-linux-gnu/libz.so.1"), None) or next(Path("/").glob("lib/*/libz.so.1"))
+    real.write_bytes(libz.read_bytes())  # any loadable shared object stands in for libnvidia-ml
+    alternative = tmp_path / "etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu"
+    alternative.parent.mkdir(parents=True)
+    alternative.symlink_to("/usr/lib/x86_64-linux-gnu/nvidia/current/libnvidia-ml.so.580.95.05")
+    (tmp_path / "usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").symlink_to(
+        "/etc/alternatives/nvidia--libnvidia-ml.so.1-x86_64-linux-gnu"
+    )
+    assert preload_nvml(tmp_path) == real
+
+    # A link that climbs out of the driver root is not followed: nothing outside it is loaded.
+    escape = tmp_path / "escape"
+    (escape / "usr/lib64").mkdir(parents=True)
+    (escape / "usr/lib64/libnvidia-ml.so.1").symlink_to("../../../usr/lib/x86_64-linux-gnu/nvidia/current/" + real.name)
+    assert preload_nvml(escape) is None
+
+
 def test_a_gpu_that_stops_answering_but_stays_on_the_bus_stays_published(tmp_path: Path) -> None:
     """Its gpu-lost taint must stay on a published device (and evict), not vanish with the device."""
     profile = h100_node(gpus=3, nics=0)

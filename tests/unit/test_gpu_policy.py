@@ -14,6 +14,7 @@ from driver.health.gpu_policy import (
     GpuHealthPolicy,
     HealthState,
     Recovery,
+    RecoveryAction,
     event_targets,
     index_gpus,
 )
@@ -107,6 +108,62 @@ def test_policy_validates_itself() -> None:
         GpuHealthPolicy(xid_quiet_period=0)
     with pytest.raises(ValueError, match="single_bit_threshold"):
         GpuHealthPolicy(single_bit_threshold=0)
+
+
+@pytest.mark.parametrize(
+    ("xid", "action", "effect", "says"),
+    [
+        (94, RecoveryAction.GPU_RESET, NO_EXECUTE, "recovery action gpu-reset"),  # catalog: NoSchedule
+        (31, RecoveryAction.DRAIN_AND_RESET, NO_EXECUTE, "drain-and-reset"),  # catalog: application
+        (32, RecoveryAction.NODE_REBOOT, NO_EXECUTE, "node-reboot"),
+        (94, RecoveryAction.NONE, NO_SCHEDULE, "recovery action none"),  # none: the XID's class
+        (13, RecoveryAction.NONE, NONE, "recovery action none"),
+        (79, RecoveryAction.NONE, NO_EXECUTE, "Xid catalog"),  # none never lowers a reset XID
+        (79, None, NO_EXECUTE, "reports no recovery action"),  # a driver without the field
+        (94, None, NO_SCHEDULE, "reports no recovery action"),
+        (94, 42, NO_SCHEDULE, "recovery action 42 is unknown"),  # not understood: the XID's class
+    ],
+)
+def test_xid_effect_follows_the_drivers_recovery_action(
+    xid: int, action: int | None, effect: TaintEffect, says: str
+) -> None:
+    cond = GpuHealthPolicy().xid(xid, action)
+    assert (cond.key, cond.value, cond.effect) == ("tandem.dev/xid", str(xid), effect)
+    assert says in cond.message
+
+
+def test_recovery_action_condition_names_the_action() -> None:
+    p = GpuHealthPolicy()
+    assert p.recovery_action(RecoveryAction.NONE) is None
+    table = {
+        RecoveryAction.GPU_RESET: ("gpu-reset", NO_EXECUTE),
+        RecoveryAction.NODE_REBOOT: ("node-reboot", NO_EXECUTE),
+        RecoveryAction.DRAIN_P2P: ("drain-p2p", NO_EXECUTE),
+        RecoveryAction.DRAIN_AND_RESET: ("drain-and-reset", NO_EXECUTE),
+        RecoveryAction.RECOVER_IMEX_DOMAIN: ("recover-imex-domain", NO_EXECUTE),
+        RecoveryAction.BUS_RESET: ("bus-reset", NO_EXECUTE),
+        RecoveryAction.SYSTEM_REBOOT: ("system-reboot", NO_EXECUTE),
+        99: ("action-99", NO_SCHEDULE),  # a newer driver's action: keep work off, evict nothing
+    }
+    for action, (value, effect) in table.items():
+        cond = p.recovery_action(action)
+        assert cond is not None and (cond.key, cond.value, cond.effect, cond.unhealthy) == (
+            "tandem.dev/recovery-action",
+            value,
+            effect,
+            True,
+        )
+        assert str(action) in cond.message or value in cond.message
+    assert p.recovery(p.recovery_action(RecoveryAction.GPU_RESET))[0] is Recovery.HARD  # type: ignore[arg-type]
+
+
+def test_effect_overrides_apply_on_top_of_the_recovery_action() -> None:
+    p = GpuHealthPolicy(
+        effects=parse_taint_effects(["tandem.dev/xid=NoSchedule", "tandem.dev/recovery-action=NoSchedule"])
+    )
+    assert p.xid(94, RecoveryAction.GPU_RESET).effect is NO_SCHEDULE
+    cond = p.recovery_action(RecoveryAction.DRAIN_AND_RESET)
+    assert cond is not None and cond.effect is NO_SCHEDULE
 
 
 def test_recovery_kinds() -> None:

@@ -8,8 +8,11 @@ either side that the other does not follow fails here and not on a cluster.
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator
+import shutil
+import textwrap
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -20,14 +23,17 @@ import yaml
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
 from driver.config_api import opaque_entries, resolve
+from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
+from sim.driver_files import render_driver_files
 
 REPO = Path(__file__).resolve().parents[2]
 DAEMONSET_FILE = REPO / "daemonset.yaml"
 EXAMPLE_FILES = sorted((REPO / "examples").glob("*.yaml"))
 K8S_VERSION = "1.37.0"
 EXAMPLES_NAMESPACE = "tandem-examples"
+DRIVER_VERSION = "580.95.05"
 
 Doc = dict[str, Any]
 
@@ -71,6 +77,37 @@ def _doc_id(item: tuple[str, Doc]) -> str:
 def test_document_is_valid_for_kubernetes_1_37(item: tuple[str, Doc]) -> None:
     _name, doc = item
     kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def _documented_objects() -> list[Doc]:
+    """The whole Kubernetes objects (apiVersion and kind) in docs/deployment.md's YAML blocks, which
+    admins copy as they stand; fragments of the DaemonSet (env, volumes) are left out."""
+    text = (REPO / "docs" / "deployment.md").read_text()
+    objects = []
+    for block in re.findall(r"^( *)```yaml\n(.*?)^\1```", text, re.MULTILINE | re.DOTALL):
+        body = textwrap.dedent(block[1])
+        objects += [d for d in yaml.safe_load_all(body) if isinstance(d, dict) and {"apiVersion", "kind"} <= set(d)]
+    return objects
+
+
+def test_objects_in_the_deployment_guide_are_valid_for_kubernetes_1_37() -> None:
+    objects = _documented_objects()
+    assert {"ResourceQuota", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= {
+        d["kind"] for d in objects
+    }
+    for doc in objects:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_nic_admission_policy_in_the_guide_names_the_installed_class() -> None:
+    """The policy of docs/deployment.md ('Security') must name the NIC class daemonset.yaml installs."""
+    (policy,) = [d for d in _documented_objects() if d["kind"] == "ValidatingAdmissionPolicy"]
+    nic_classes = [n for n, c in DEVICE_CLASSES.items() if '"nic"' in c["spec"]["selectors"][0]["cel"]["expression"]]
+    assert nic_classes and all(f'"{n}"' in policy["spec"]["validations"][0]["expression"] for n in nic_classes)
+    (quota,) = [d for d in _documented_objects() if d["kind"] == "ResourceQuota"]
+    assert {f"{n}.deviceclass.resource.k8s.io/devices" for n in nic_classes} <= set(quota["spec"]["hard"])
+    extended = {DEVICE_CLASSES[n]["spec"]["extendedResourceName"] for n in nic_classes}
+    assert {f"requests.{e}" for e in extended} <= set(quota["spec"]["hard"])
 
 
 def test_validation_is_strict_about_unknown_fields() -> None:
@@ -153,9 +190,7 @@ def _host_path_of(path: Path) -> PurePosixPath:
     return PurePosixPath(host["path"]) / PurePosixPath(path).relative_to(mount["mountPath"])
 
 
-@pytest.mark.parametrize(
-    "attr", ["registrar_dir", "data_dir", "cdi_root", "sysfs_root", "dev_root", "nvidia_driver_root"]
-)
+@pytest.mark.parametrize("attr", ["registrar_dir", "data_dir", "cdi_root", "sysfs_root", "dev_root"])
 def test_every_configured_path_is_a_mounted_host_path(daemon_config: Config, attr: str) -> None:
     _host_path_of(getattr(daemon_config, attr))
 
@@ -167,11 +202,29 @@ def test_paths_shared_with_kubelet_and_runtime_are_the_same_inside_and_out(daemo
     assert _host_path_of(path) == PurePosixPath(path)
 
 
+def _driver_root_mounts(driver_root: Path) -> list[dict[str, Any]]:
+    """The mounts that make up the daemon's view of the NVIDIA driver root: at it or below it."""
+    root = PurePosixPath(driver_root)
+    return [m for p, m in _mounts().items() if p == root or root in p.parents]
+
+
+def test_driver_root_is_made_of_read_only_host_paths(daemon_config: Config) -> None:
+    mounts = _driver_root_mounts(daemon_config.nvidia_driver_root)
+    assert mounts, f"nothing is mounted at or below {daemon_config.nvidia_driver_root}"
+    for mount in mounts:
+        assert mount.get("readOnly") is True, mount["name"]
+        assert "hostPath" in _volume(mount["name"]), mount["name"]
+
+
 def test_cdi_host_paths_of_driver_files_name_the_hosts_driver_root(daemon_config: Config) -> None:
     """The daemon reads the driver at /driver-root, but CDI mounts are resolved by the runtime on
-    the host: the host-side root must be where that volume really comes from."""
+    the host: every volume below the driver root must come from the same place below
+    NVIDIA_DRIVER_ROOT_HOST, or the re-rooted host paths would name other files."""
     assert daemon_config.nvidia_driver_root_host is not None
-    assert _host_path_of(daemon_config.nvidia_driver_root) == PurePosixPath(daemon_config.nvidia_driver_root_host)
+    host_root = PurePosixPath(daemon_config.nvidia_driver_root_host)
+    for mount in _driver_root_mounts(daemon_config.nvidia_driver_root):
+        relative = PurePosixPath(mount["mountPath"]).relative_to(daemon_config.nvidia_driver_root)
+        assert PurePosixPath(_volume(mount["name"])["hostPath"]["path"]) == host_root / relative, mount["name"]
 
 
 def test_data_dir_mount_is_only_this_drivers_directory(daemon_config: Config) -> None:
@@ -179,7 +232,7 @@ def test_data_dir_mount_is_only_this_drivers_directory(daemon_config: Config) ->
     assert mount is not None and PurePosixPath(mount["mountPath"]) == PurePosixPath(daemon_config.data_dir)
 
 
-@pytest.mark.parametrize("attr", ["sysfs_root", "nvidia_driver_root"])
+@pytest.mark.parametrize("attr", ["sysfs_root"])
 def test_host_views_are_read_only(daemon_config: Config, attr: str) -> None:
     mount = _mount_for(getattr(daemon_config, attr))
     assert mount is not None and mount.get("readOnly") is True
@@ -195,6 +248,169 @@ def test_every_volume_is_mounted_and_every_mount_has_a_volume() -> None:
     volumes = {v["name"] for v in POD_SPEC["volumes"]}
     mounted = {m["name"] for m in CONTAINER["volumeMounts"]}
     assert volumes == mounted
+
+
+# -- what the privileged driver pod sees of the host ----------------------------------------
+
+# Host paths holding credentials or other pods' data: the kubelet's client certificates and every
+# pod's volumes (secrets, service-account tokens) under /var/lib/kubelet, the control plane's and
+# the kubelet's kubeconfigs and PKI, users' homes, SSH host keys, the runtime's and etcd's state.
+# A hostPath volume at one of them, inside one, or above one (`/`, `/var`, `/etc`) hands them to a
+# privileged pod; the only exceptions are the kubelet plugin directories the driver must write.
+SECRET_HOST_PATHS = tuple(
+    PurePosixPath(p)
+    for p in (
+        "/var/lib/kubelet",
+        "/etc/kubernetes",
+        "/root",
+        "/home",
+        "/etc/ssh",
+        "/var/lib/containerd",
+        "/var/lib/containers",
+        "/var/lib/etcd",
+    )
+)
+
+
+def exposed_secrets(host_path: PurePosixPath, allowed: set[PurePosixPath]) -> list[PurePosixPath]:
+    """The secret-holding host paths a hostPath volume at `host_path` would expose."""
+    if host_path in allowed:
+        return []
+    return [s for s in SECRET_HOST_PATHS if host_path == s or s in host_path.parents or host_path in s.parents]
+
+
+def _host_path_volumes() -> dict[str, PurePosixPath]:
+    return {v["name"]: PurePosixPath(v["hostPath"]["path"]) for v in POD_SPEC["volumes"] if "hostPath" in v}
+
+
+@pytest.mark.parametrize(
+    ("host_path", "exposed"),
+    [
+        ("/", ["/var/lib/kubelet", "/etc/kubernetes", "/root", "/home"]),
+        ("/var/lib/kubelet", ["/var/lib/kubelet"]),
+        ("/var/lib/kubelet/plugins", ["/var/lib/kubelet"]),
+        ("/var/lib/kubelet/pods", ["/var/lib/kubelet"]),
+        ("/etc", ["/etc/kubernetes", "/etc/ssh"]),
+        ("/home/kubernetes/bin/nvidia", ["/home"]),
+        ("/usr", []),
+        ("/etc/alternatives", []),
+        ("/var/lib/kubelet/plugins_registry", []),
+    ],
+)
+def test_secret_check_flags_roots_parents_and_insides(host_path: str, exposed: list[str]) -> None:
+    """Guards the test below: it must catch `/`, the whole kubelet directory and a path inside it."""
+    allowed = {PurePosixPath("/var/lib/kubelet/plugins_registry")}
+    found = exposed_secrets(PurePosixPath(host_path), allowed)
+    assert {str(p) for p in found} >= set(exposed)
+    assert bool(found) == bool(exposed)
+
+
+def test_no_volume_exposes_host_secrets(daemon_config: Config) -> None:
+    """The driver is privileged: whatever it mounts, a compromise of it reads (issue 11, item 10)."""
+    allowed = {PurePosixPath(daemon_config.registrar_dir), PurePosixPath(daemon_config.data_dir)}
+    for name, host_path in _host_path_volumes().items():
+        assert not exposed_secrets(host_path, allowed), f"volume {name!r} mounts {host_path}"
+
+
+def _pod_view(host: Path, pod_root: Path, driver_root: PurePosixPath) -> None:
+    """Lay out under `pod_root` what the driver pod sees below `driver_root` of the machine `host`.
+
+    Each hostPath volume below the driver root becomes a copy of the host directory (links in the
+    source path resolved, as the runtime does for a bind mount; links inside copied as links, as
+    the daemon finds them); a missing source becomes an empty directory (DirectoryOrCreate).
+    Nothing else of the host is there.
+    """
+    for mount in _driver_root_mounts(Path(driver_root)):
+        host_path = PurePosixPath(_volume(mount["name"])["hostPath"]["path"])
+        source = Path(os.path.realpath(host / host_path.relative_to("/")))
+        assert source == host or host in source.parents, f"{mount['name']}: the fake host's links leave it"
+        target = pod_root / PurePosixPath(mount["mountPath"]).relative_to(driver_root)
+        if source.is_dir():
+            shutil.copytree(source, target, symlinks=True)
+        else:
+            target.mkdir(parents=True)
+
+
+def _merged_usr(host: Path) -> None:
+    """Debian >= 12, Ubuntu >= 20.04, RHEL >= 7: /lib, /lib64 and /bin are links into /usr."""
+    for d in ("usr/lib", "usr/lib64", "usr/bin"):
+        (host / d).mkdir(parents=True, exist_ok=True)
+    for link in ("lib", "lib64", "bin"):
+        (host / link).symlink_to(f"usr/{link}")
+
+
+def _ubuntu(host: Path) -> None:
+    """NVIDIA's packages and .run installer on a merged-/usr Debian or Ubuntu."""
+    _merged_usr(host)
+    render_driver_files(host, DRIVER_VERSION)
+
+
+def _debian_split_usr(host: Path) -> None:
+    """Debian 11 and older installs: /lib is a directory of its own, so is /lib/firmware."""
+    render_driver_files(host, DRIVER_VERSION)
+
+
+def _rhel(host: Path) -> None:
+    """RHEL and its rebuilds: 64-bit libraries in /usr/lib64."""
+    _merged_usr(host)
+    render_driver_files(host, DRIVER_VERSION)
+    for f in (host / "usr/lib/x86_64-linux-gnu").iterdir():
+        os.rename(f, host / "usr/lib64" / f.name)
+
+
+def _debian_packaged(host: Path) -> None:
+    """Debian's own nvidia-driver packages: the real files under nvidia/current, the names the
+    loader uses reached through absolute links into /etc/alternatives."""
+    _merged_usr(host)
+    render_driver_files(host, DRIVER_VERSION)
+    libs = host / "usr/lib/x86_64-linux-gnu"
+    current = libs / "nvidia/current"
+    current.mkdir(parents=True)
+    (host / "etc/alternatives").mkdir(parents=True)
+    for lib in ("libcuda.so", "libnvidia-ml.so"):
+        link, real = libs / f"{lib}.1", f"{lib}.{DRIVER_VERSION}"
+        os.rename(libs / real, current / real)
+        link.unlink()
+        (current / link.name).symlink_to(real)
+        alternative = host / "etc/alternatives" / f"nvidia--{link.name}-x86_64-linux-gnu"
+        alternative.symlink_to(f"/usr/lib/x86_64-linux-gnu/nvidia/current/{link.name}")
+        link.symlink_to(f"/etc/alternatives/{alternative.name}")
+    smi = host / "usr/lib/nvidia/current/nvidia-smi"
+    smi.parent.mkdir(parents=True)
+    os.rename(host / "usr/bin/nvidia-smi", smi)
+    (host / "etc/alternatives/nvidia--nvidia-smi").symlink_to("/usr/lib/nvidia/current/nvidia-smi")
+    (host / "usr/bin/nvidia-smi").symlink_to("/etc/alternatives/nvidia--nvidia-smi")
+
+
+def _as_host_files(files: DriverFiles, host: Path) -> dict[str, str]:
+    """container path -> the host file the runtime would bind there (host paths resolved on `host`)."""
+    return {c: os.path.realpath(host / PurePosixPath(h).relative_to("/")) for h, c in files.mounts}
+
+
+@pytest.mark.parametrize("layout", [_ubuntu, _debian_split_usr, _rhel, _debian_packaged], ids=lambda f: f.__name__[1:])
+def test_discovery_through_the_mounts_finds_what_the_whole_host_holds(
+    daemon_config: Config, tmp_path: Path, layout: Callable[[Path], None]
+) -> None:
+    """The narrow driver-root volumes lose nothing: the daemon, seeing only them, hands containers
+    the same host files at the same paths as a scan of the whole host would."""
+    host, pod_root = tmp_path / "host", tmp_path / "pod"
+    assert daemon_config.nvidia_driver_root_host is not None
+    host_root = daemon_config.nvidia_driver_root_host
+    driver_tree = host / PurePosixPath(host_root).relative_to("/")
+    driver_tree.mkdir(parents=True)
+    layout(driver_tree)
+    (host / "etc/kubernetes/pki").mkdir(parents=True)
+    (host / "etc/kubernetes/pki/ca.key").write_text("secret\n")
+    _pod_view(host, pod_root, PurePosixPath(daemon_config.nvidia_driver_root))
+
+    whole = find_driver_files(driver_tree, host_root=host_root)
+    seen = find_driver_files(pod_root, host_root=host_root)
+    assert whole.version == DRIVER_VERSION and whole.firmware
+    assert {"/usr/bin/nvidia-smi"} <= {c for _, c in whole.binaries}
+    assert any(c.endswith("/libnvidia-ml.so.1") for _, c in whole.libraries)
+    assert seen.version == whole.version
+    assert _as_host_files(seen, host) == _as_host_files(whole, host)
+    assert not (pod_root / "etc/kubernetes").exists()
 
 
 # -- pod-level settings the issue asks for --------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,8 @@ def gpu(request: str = "gpu", name: str = "gpu-0", attrs: dict[str, dict] | None
     return MetadataDevice(request, "node-a", name, GPU_ATTRS if attrs is None else attrs)
 
 
-def host_file(dirs: tuple[Path, Path], request: str = "gpu") -> Path:
-    return dirs[0] / "dra-device-metadata" / f"{NS}_{NAME}" / request / "metadata.json"
+def host_file(dirs: tuple[Path, Path], request: str = "gpu", uid: str = UID) -> Path:
+    return dirs[0] / "dra-device-metadata" / uid / request / "metadata.json"
 
 
 def objects(path: Path) -> list[dict[str, Any]]:
@@ -68,7 +69,7 @@ def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
 
-def test_write_creates_the_files_at_the_go_library_paths_with_its_modes(
+def test_write_creates_the_files_keyed_by_claim_uid_with_the_go_library_modes(
     writer: MetadataWriter, dirs: tuple[Path, Path]
 ) -> None:
     ids = writer.write(NS, NAME, UID, "", [gpu("gpu/large"), gpu("nic", "pci-0000-17-00-0", {})])
@@ -163,11 +164,12 @@ def test_write_with_new_content_rewrites_in_place_with_the_next_generation(
     assert doc["metadata"]["generation"] == 2 and doc["requests"][0]["devices"][0]["name"] == "gpu-1"
 
 
-def test_leftover_of_an_earlier_claim_with_the_same_name_starts_at_generation_one(
+def test_a_claim_recreated_under_the_same_name_gets_files_of_its_own(
     writer: MetadataWriter, dirs: tuple[Path, Path]
 ) -> None:
-    writer.write(NS, NAME, "11111111-2222-4333-8444-555555555555", "", [gpu()])
-    writer.update(NS, NAME, "11111111-2222-4333-8444-555555555555", "gpu", [gpu(name="gpu-3")])
+    old_uid = "11111111-2222-4333-8444-555555555555"
+    writer.write(NS, NAME, old_uid, "", [gpu()])
+    writer.update(NS, NAME, old_uid, "gpu", [gpu(name="gpu-3")])
     writer.write(NS, NAME, UID, "", [gpu()])
     assert objects(host_file(dirs))[0]["metadata"] == {
         "name": NAME,
@@ -176,6 +178,10 @@ def test_leftover_of_an_earlier_claim_with_the_same_name_starts_at_generation_on
         "generation": 1,
         "creationTimestamp": None,
     }
+    writer.remove(old_uid)  # the old claim's late Unprepare
+    assert objects(host_file(dirs))[0]["metadata"]["uid"] == UID
+    assert (dirs[1] / f"{DRIVER}_metadata_{UID}_gpu.json").exists()
+    assert writer.claim_names(UID) == {(NS, NAME)} and writer.claim_names(old_uid) == set()
 
 
 def test_unreadable_leftover_is_replaced(writer: MetadataWriter, dirs: tuple[Path, Path]) -> None:
@@ -216,7 +222,7 @@ def test_update_of_an_unprepared_request_or_another_claim_fails(writer: Metadata
     writer.write(NS, NAME, UID, "", [gpu()])
     with pytest.raises(MetadataError, match="not found in prepared claim"):
         writer.update(NS, NAME, UID, "nic", [gpu()])
-    with pytest.raises(MetadataError, match="belongs to claim UID"):
+    with pytest.raises(MetadataError, match="not found in prepared claim"):  # another claim of the same name
         writer.update(NS, NAME, "11111111-2222-4333-8444-555555555555", "gpu", [gpu()])
 
 
@@ -225,27 +231,43 @@ def test_remove_deletes_the_claim_dir_and_its_specs_only(writer: MetadataWriter,
     writer.write(NS, NAME, UID, "", [gpu(), gpu("nic", "pci-0000-17-00-0")])
     writer.write(NS, "other", other_uid, "", [gpu()])
     (dirs[1] / "k8s.tandem.example.org-claim_x.json").write_text("{}")  # not a metadata spec
-    assert writer.owned_claims() == {(NS, NAME), (NS, "other")}
+    assert writer.owned_claim_dirs() == {UID, other_uid}
     assert writer.owned_spec_uids() == {UID, other_uid}
-    writer.remove(NS, NAME, UID)
+    writer.remove(UID)
     assert not host_file(dirs).parent.parent.exists()
     assert sorted(p.name for p in dirs[1].iterdir()) == [
         "k8s.tandem.example.org-claim_x.json",
         f"{DRIVER}_metadata_{other_uid}_gpu.json",
     ]
-    assert writer.owned_claims() == {(NS, "other")} and writer.owned_spec_uids() == {other_uid}
-    writer.remove(NS, NAME, UID)  # again: nothing left is fine
+    assert writer.owned_claim_dirs() == {other_uid} and writer.owned_spec_uids() == {other_uid}
+    writer.remove(UID)  # again: nothing left is fine
 
 
 def test_nothing_to_list_before_the_first_write(writer: MetadataWriter) -> None:
-    assert writer.owned_claims() == set() and writer.owned_spec_uids() == set()
-    writer.remove(NS, NAME, UID)
+    assert writer.owned_claim_dirs() == set() and writer.owned_spec_uids() == set()
+    assert writer.claim_names(UID) == set() and writer.remove_temp_files() == []
+    writer.remove(UID)
+
+
+def test_leftover_temporary_files_are_removed(writer: MetadataWriter, dirs: tuple[Path, Path]) -> None:
+    """What a writer killed between write and rename leaves, beside the host file and the spec."""
+    writer.write(NS, NAME, UID, "", [gpu()])
+    leftovers = []
+    for target in (host_file(dirs), dirs[1] / f"{DRIVER}_metadata_{UID}_gpu.json"):
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        os.close(fd)
+        leftovers.append(Path(tmp))
+    foreign = dirs[1] / ".vendor.example.com-gpu.json.abcd1234.tmp"
+    foreign.write_text("{}")
+    assert sorted(writer.remove_temp_files()) == sorted(leftovers)
+    assert foreign.exists() and host_file(dirs).exists()
 
 
 @pytest.mark.parametrize(
     ("namespace", "name", "pod_claim_name", "req"),
     [
         ("..", NAME, "", "gpu"),
+        ("a_b", NAME, "", "gpu"),
         (NS, "a/../../b", "", "gpu"),
         (NS, NAME, "../../etc", "gpu"),
         (NS, NAME, "", "../x"),

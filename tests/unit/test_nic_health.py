@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from driver.backoff import Backoff
-from driver.discovery.netlink import LinkEvent, LinkState
 from driver.discovery.nic import NicDiscovery
+from driver.discovery.rtnl import LinkEvent, LinkState
 from driver.health import nic as nic_health
 from driver.health.nic import NicHealthMonitor
 from driver.health.nic_signals import Debounced, Fault, link_fault, port_fault

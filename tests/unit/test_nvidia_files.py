@@ -58,6 +58,49 @@ def test_simulated_tree_yields_libraries_binaries_and_firmware(root: Path) -> No
     assert len(set(m)) == len(files.mounts)  # no container path twice
 
 
+# The loader's own search path, without ld.so.cache: Debian/Ubuntu, RHEL/UBI/Fedora/SUSE, Arch.
+LOADER_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+
+
+@pytest.mark.parametrize("host_dir", ["usr/lib/x86_64-linux-gnu", "usr/lib64", "lib64"])
+def test_libraries_are_mounted_where_every_distributions_loader_looks(tmp_path: Path, host_dir: str) -> None:
+    """An Ubuntu host's libraries in a UBI image, a RHEL host's in an Ubuntu image: each image's
+    loader finds them in its default directories, with no cache entry, hook or environment."""
+    render_driver_files(tmp_path, VERSION, lib_dir=host_dir)
+    files = find_driver_files(tmp_path, machine="x86_64")
+    m = mounts(files)
+    real = str(tmp_path / host_dir / f"libcuda.so.{VERSION}")
+    for d in LOADER_DIRS:
+        for name in (f"libcuda.so.{VERSION}", "libcuda.so.1", "libcuda.so"):
+            assert m[f"{d}/{name}"] == real, f"{d}/{name}"
+        assert m[f"{d}/libnvidia-ml.so.1"] == str(tmp_path / host_dir / f"libnvidia-ml.so.{VERSION}")
+    assert {c.rsplit("/", 1)[0] for _, c in files.libraries} == set(LOADER_DIRS)
+    assert len(set(m)) == len(files.mounts)  # no container path twice
+
+
+def test_a_library_in_two_host_directories_is_taken_from_the_first(tmp_path: Path) -> None:
+    render_driver_files(tmp_path, VERSION, lib_dir="usr/lib/x86_64-linux-gnu")
+    render_driver_files(tmp_path, "1.0.0", lib_dir="usr/lib64")  # a stale copy elsewhere
+    m = mounts(find_driver_files(tmp_path, machine="x86_64"))
+    assert m["/usr/lib64/libcuda.so.1"] == str(tmp_path / f"usr/lib/x86_64-linux-gnu/libcuda.so.{VERSION}")
+    assert len(set(m)) == len(find_driver_files(tmp_path, machine="x86_64").mounts)
+
+
+def test_aarch64_nodes_use_their_own_multiarch_directory(root: Path) -> None:
+    dirs = {c.rsplit("/", 1)[0] for _, c in find_driver_files(root, machine="aarch64").libraries}
+    assert dirs == {"/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"}
+
+
+def test_simulated_libraries_are_shared_objects_the_loader_accepts(root: Path) -> None:
+    """Real ELF files with their soname, so that a container's ld.so and ldconfig treat them as the driver's."""
+    lib = root / LIBS / "libcuda.so.1"
+    assert lib.read_bytes()[:4] == b"\x7fELF"
+    if shutil.which("ldconfig") or Path("/sbin/ldconfig").exists():
+        ldconfig = shutil.which("ldconfig") or "/sbin/ldconfig"
+        out = subprocess.run([ldconfig, "-n", "-N", "-v", str(root / LIBS)], capture_output=True, text=True, timeout=30)
+        assert f"libcuda.so.1 -> libcuda.so.{VERSION}" in out.stdout, out.stderr
+
+
 def test_every_host_path_is_a_regular_file_or_the_firmware_directory(root: Path) -> None:
     files = find_driver_files(root)
     for host, _ in files.libraries + files.binaries:
@@ -120,8 +163,9 @@ def test_aliased_library_directory_is_scanned_once(tmp_path: Path) -> None:
     (root / f"usr/lib64/libcuda.so.{VERSION}").write_text("lib")
     (root / "usr/lib64/libcuda.so.1").symlink_to(f"libcuda.so.{VERSION}")
     (root / "lib64").symlink_to("usr/lib64")  # merged /usr
-    files = find_driver_files(root)
-    assert sorted(c for _, c in files.libraries) == ["/usr/lib64/libcuda.so.1", f"/usr/lib64/libcuda.so.{VERSION}"]
+    files = find_driver_files(root, machine="x86_64")
+    names = ["libcuda.so.1", f"libcuda.so.{VERSION}"]
+    assert sorted(c for _, c in files.libraries) == sorted(f"{d}/{n}" for d in LOADER_DIRS for n in names)
 
 
 def test_link_loop_and_dangling_link_are_skipped(root: Path) -> None:

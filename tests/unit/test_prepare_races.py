@@ -1,5 +1,6 @@
 """The Preparer against a fake API: races the kubelet and a rolling update can produce (two
-Preparers on one data dir), and how requests are named in the device metadata.
+Preparers on one data dir), claims replaced under the same name, many callers on one claim, and
+how requests are named in the device metadata.
 
 The API is a fake whose status apply can be held, so the test decides exactly when the other
 party acts: what matters is what is left on disk and in the checkpoint afterwards.
@@ -10,67 +11,25 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
+from prepare_fakes import DRIVER, FakeAPI, Host, make_preparer, render_host
 
-from driver.checkpoint import STATE_COMPLETED, Checkpoint, InstanceLock
-from driver.claims import ClaimRef, PrepareSettings
-from driver.discovery.nvidia_files import DriverFiles
-from driver.metadata import MetadataWriter
-from driver.model import Device, DeviceKind, GpuInfo
-from driver.prepare import Preparer
-
-DRIVER, NODE = "tandem.dev", "n1"
-GPU = Device("gpu-0", DeviceKind.GPU, {"type": "gpu"}, gpu=GpuInfo(minor=0, uuid="GPU-0", pci_bus_id="0000:16:00.0"))
+from driver.checkpoint import STATE_COMPLETED, Checkpoint
 
 
-class FakeAPI:
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], dict[str, Any]] = {}
-        self.hold = threading.Event()
-        self.held = threading.Event()
-        self.hold.set()
-        self.applies: list[tuple[str, str, str, int]] = []
-
-    def add(self, namespace: str, name: str, uid: str) -> ClaimRef:
-        results = [{"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-0"}]
-        self.claims[(namespace, name)] = {
-            "metadata": {"name": name, "namespace": namespace, "uid": uid},
-            "status": {"allocation": {"devices": {"results": results}}},
-        }
-        return ClaimRef(namespace, name, uid)
-
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        return self.claims[(namespace, name)]
-
-    def apply_claim_status(self, namespace: str, name: str, devices: list, field_manager: str, uid: str = "") -> None:
-        if devices:
-            self.held.set()
-            self.hold.wait(10)
-        self.applies.append((namespace, name, uid, len(devices)))
-
-
-def _preparer(data: Path, cdi_root: Path, api: FakeAPI, instance: str) -> Preparer:
-    (cdi_root / "dev").mkdir(parents=True, exist_ok=True)
-    return Preparer(
-        api=api,
-        checkpoint=Checkpoint(data, "boot"),
-        instance=InstanceLock(data, instance),
-        settings=PrepareSettings(DRIVER, NODE, cdi_root, cdi_root / "dev"),
-        lookup_device={"gpu-0": GPU}.get,
-        driver_files=DriverFiles,
-        metadata=MetadataWriter(data, cdi_root, DRIVER),
-    )
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return render_host(tmp_path_factory.mktemp("host"))
 
 
 @pytest.fixture
-def setup(tmp_path: Path):
+def setup(tmp_path: Path, host: Host):
     data, cdi_root = tmp_path / "data", tmp_path / "cdi"
     data.mkdir()
     api = FakeAPI()
-    a = _preparer(data, cdi_root, api, "a")
-    b = _preparer(data, cdi_root, api, "b")
+    a = make_preparer(data, cdi_root, api, "a", host)
+    b = make_preparer(data, cdi_root, api, "b", host)
     yield api, a, b, data, cdi_root
     a.close()
     b.close()
@@ -113,6 +72,34 @@ def test_a_late_unprepare_of_an_old_claim_spares_the_new_claim_of_the_same_name(
     assert api.applies[-1][:3] != ("default", "c", "uid-old"), "no status write for a claim not prepared here"
 
 
+def _mounted_metadata(cdi_root: Path, uid: str) -> list[Path]:
+    """The host files the claim's metadata CDI specs bind-mount into its containers."""
+    out = []
+    for spec in sorted(cdi_root.glob(f"{DRIVER}_metadata_{uid}_*.json")):
+        for device in json.loads(spec.read_text())["devices"]:
+            out += [Path(m["hostPath"]) for m in device["containerEdits"]["mounts"]]
+    return out
+
+
+def test_unprepare_of_a_replaced_claim_leaves_the_new_claim_of_the_same_name_whole(setup):
+    """A Job deletes and recreates its claim under the same name; the old claim's Unprepare comes
+    after the new claim was prepared (here on another GPU). The new claim's containers must still
+    find every file their CDI specs name."""
+    api, a, _, data, cdi_root = setup
+    old = api.add("default", "c", "uid-old", ("gpu", "gpu-0"))
+    assert a.prepare([old])[old.uid].error == ""
+    new = api.add("default", "c", "uid-new", ("gpu", "gpu-1"))
+    assert a.prepare([new])[new.uid].error == ""
+    mounted = _mounted_metadata(cdi_root, new.uid)
+    assert mounted and all(p.is_file() for p in mounted)
+
+    assert a.unprepare([old]) == {old.uid: ""}
+    assert [p for p in mounted if not p.is_file()] == [], "the old claim's Unprepare removed the new claim's metadata"
+    assert all(json.loads(p.read_text())["metadata"]["uid"] == new.uid for p in mounted)
+    assert not list(cdi_root.glob(f"*{old.uid}*")), "the old claim's own specs are gone"
+    assert not [p for p in data.rglob("metadata.json") if old.uid in p.read_text()]
+
+
 def test_a_cancelled_call_prepares_nothing(setup):
     api, a, _, data, cdi_root = setup
     ref = api.add("default", "c", "uid-1")
@@ -122,10 +109,34 @@ def test_a_cancelled_call_prepares_nothing(setup):
 
 
 def test_metadata_names_the_subrequest_and_the_response_its_parent(setup):
-    api, a, _, data, _ = setup
-    ref = api.add("default", "c", "uid-1")
-    api.claims[("default", "c")]["status"]["allocation"]["devices"]["results"][0]["request"] = "gpu/large"
+    api, a, _, _, cdi_root = setup
+    ref = api.add("default", "c", "uid-1", ("gpu/large", "gpu-0"))
     result = a.prepare([ref])[ref.uid]
     assert result.devices[0].request_names == ("gpu",)
-    doc, _ = json.JSONDecoder().raw_decode((data / "dra-device-metadata/default_c/gpu/metadata.json").read_text())
+    (mounted,) = _mounted_metadata(cdi_root, ref.uid)
+    doc, _ = json.JSONDecoder().raw_decode(mounted.read_text())
     assert doc["requests"][0]["name"] == "gpu/large"
+
+
+def test_calls_about_one_claim_never_overlap_under_contention(setup):
+    """Prepare and unprepare of one claim from many threads at once: the per-claim lock must admit
+    one call at a time however often the claim is unprepared (and its lock let go) meanwhile."""
+    api, a, *_ = setup
+    ref = api.add("default", "c", "uid-1")
+    errors: list[str] = []
+
+    def worker(i: int) -> None:
+        for _ in range(10):
+            if i % 2:
+                errors.extend(e for e in [a.prepare([ref])[ref.uid].error] if e)
+            else:
+                errors.extend(e for e in a.unprepare([ref]).values() if e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert api.overlaps == [], f"{len(api.overlaps)} calls ran while another call about the same claim was in flight"
+    assert errors == []
+    assert a.claim_locks.held() == set(), "every claim lock is released and forgotten"

@@ -17,10 +17,13 @@ import pytest
 
 from driver.discovery.topology import pcie_root
 from sim import nvml as sim_nvml
+from sim import sysfs as sim_sysfs
 from sim.fstree import pci_device_dir
 from sim.profile import NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import (
+    NVIDIA_CAPS_MAJOR,
     NVIDIA_MAJOR,
+    NVIDIA_UVM_MAJOR,
     mig_ci_cap_minor,
     mig_gi_cap_minor,
     render_node,
@@ -103,6 +106,40 @@ def test_gpu_device_nodes(tmp_path: Path) -> None:
         else:
             assert stat.S_ISREG(st.st_mode) and st.st_size == 0
     assert not (dev / "nvidia-caps").exists()  # no MIG-capable GPU
+
+
+@pytest.mark.parametrize("can_mknod", [True, False])
+def test_lazily_made_nodes_are_absent_until_made_where_they_can_be(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, can_mknod: bool
+) -> None:
+    """nvidia-modprobe makes nvidia-uvm and the MIG capability nodes on first use; a tree whose
+    nodes are plain files (no mknod) has them up front, as no daemon there could make them."""
+    if can_mknod and os.geteuid() != 0:
+        pytest.skip("making character devices needs root")
+    if not can_mknod:
+        monkeypatch.setattr(sim_sysfs.os, "geteuid", lambda: 1000)
+    profile = a100_mig_node(gpus=1, per_gpu=1)
+    dev = tmp_path / "dev"
+    render_node(profile, tmp_path / "sys", dev, tmp_path / "proc", lazy_nodes=True)
+    for name in ("nvidiactl", "nvidia-modeset", "nvidia0"):
+        assert (dev / name).exists(), name
+    lazy = ["nvidia-uvm", "nvidia-uvm-tools", "nvidia-caps"]
+    assert [n for n in lazy if (dev / n).exists()] == ([] if can_mknod else lazy)
+
+
+def test_proc_lists_the_majors_and_the_device_file_parameters(tmp_path: Path) -> None:
+    """What nvidia-modprobe reads: `/proc/devices` in the kernel's layout, the driver's params."""
+    _, _, proc = render(tmp_path, h100_node(gpus=1, nics=0))
+    text = (proc / "devices").read_text()
+    chars, _, blocks = text.partition("\n\n")
+    lines = chars.splitlines()
+    assert lines[0] == "Character devices:" and blocks.startswith("Block devices:\n")
+    assert all(line[:3].strip().isdigit() and line[3] == " " for line in lines[1:])  # right-aligned majors
+    names = {line[4:]: int(line[:3]) for line in lines[1:]}
+    assert names["nvidia-frontend"] == NVIDIA_MAJOR
+    assert names["nvidia-uvm"] == NVIDIA_UVM_MAJOR and names["nvidia-caps"] == NVIDIA_CAPS_MAJOR
+    params = dict(line.split(": ") for line in (proc / "driver/nvidia/params").read_text().splitlines())
+    assert (params["ModifyDeviceFiles"], params["DeviceFileMode"], params["DeviceFileUID"]) == ("1", "438", "0")
 
 
 def test_mig_capabilities_in_proc_and_dev(tmp_path: Path) -> None:

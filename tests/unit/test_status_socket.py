@@ -17,10 +17,14 @@ import pytest
 
 from driver import ctl
 from driver.checkpoint import STATE_STARTED, ClaimRecord, DeviceRecord
+from driver.discovery.nvml import NvmlAccess
 from driver.health.cordon import CordonStore
+from driver.health.gpu_release import GpuReleases
 from driver.inventory import Inventory
-from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, TaintEffect
+from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, GpuInfo, TaintEffect
 from driver.status_socket import MAX_BODY, StatusServer
+from sim.nvml import fake_pynvml_in_process, write_state
+from sim.profile import h100_node
 
 GPU0 = Device(
     name="gpu-0",
@@ -31,6 +35,7 @@ GPU0 = Device(
         PCIE_ROOT: "pci0000:15",
         PCI_BUS_ID: "0000:1b:00.0",
     },
+    gpu=GpuInfo(minor=0, uuid="GPU-aaaa", pci_bus_id="0000:1b:00.0"),
 )
 GPU1 = Device(
     name="gpu-1",
@@ -41,6 +46,7 @@ GPU1 = Device(
         PCIE_ROOT: "pci0000:97",
         PCI_BUS_ID: "0000:9b:00.0",
     },
+    gpu=GpuInfo(minor=1, uuid="GPU-bbbb", pci_bus_id="0000:9b:00.0"),
 )
 NIC0 = Device(
     name="nic-0000-1d-00-0",
@@ -81,6 +87,11 @@ def tmp_short() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _releases(data_dir: Path, inv: Inventory, access: NvmlAccess | None = None) -> GpuReleases:
+    """Releases with NVML access of their own: the process-wide one is not these tests' to change."""
+    return GpuReleases(data_dir, inv, access=access or NvmlAccess(), timeout=0.2)
+
+
 @pytest.fixture
 def node(tmp_short: Path) -> Iterator[Node]:
     data_dir = tmp_short / "tandem.dev"
@@ -92,7 +103,8 @@ def node(tmp_short: Path) -> Iterator[Node]:
     info: dict[str, Any] = {}
     cordons = CordonStore(data_dir, inv)
     cordons.load()
-    server = StatusServer(data_dir / "status.sock", inv, lambda: prepared, cordons, lambda: info)
+    releases = _releases(data_dir, inv)
+    server = StatusServer(data_dir / "status.sock", inv, lambda: prepared, cordons, releases, lambda: info)
     server.start()
     yield Node(data_dir / "status.sock", tmp_short, inv, server, prepared, info)
     server.stop()
@@ -238,6 +250,13 @@ def test_cordon_without_author_records_the_peer(node: Node) -> None:
         ("POST", "/cordon", {"device": "gpu-0", "reason": 5}, 400, "'reason' must be a string"),
         ("GET", "/cordon", None, 405, "GET is not allowed"),
         ("POST", "/devices", {}, 405, "POST is not allowed"),
+        ("POST", "/release", {"device": "gpu-9", "reason": "x"}, 404, "unknown device 'gpu-9'"),
+        ("POST", "/release", {"device": "nic-0000-1d-00-0", "reason": "x"}, 400, "not a GPU"),
+        ("POST", "/release", {"device": "gpu-0", "all": True, "reason": "x"}, 400, "name one device, or all"),
+        ("POST", "/release", {"reason": "x"}, 400, "name one device, or all"),
+        ("POST", "/release", {"all": "yes", "reason": "x"}, 400, "'all' must be true or false"),
+        ("POST", "/release", {"device": "gpu-0"}, 400, "reason must not be empty"),
+        ("POST", "/reacquire", {}, 400, "name one device, or all"),
         ("GET", "/nope", None, 404, "no such endpoint"),
     ],
 )
@@ -277,7 +296,7 @@ def test_stale_socket_is_replaced_and_stop_removes_it(tmp_short: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
         stale.bind(str(path))  # left behind by a killed daemon
     inv = Inventory()
-    server = StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict)
+    server = StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict)
     server.start()
     try:
         assert ctl.request(path, "GET", "/devices", None, timeout=5) == (200, {"devices": []})
@@ -291,7 +310,7 @@ def test_refuses_to_replace_a_non_socket(tmp_short: Path) -> None:
     path.write_text("precious")
     inv = Inventory()
     with pytest.raises(RuntimeError, match="not a socket"):
-        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict).start()
+        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
     assert path.read_text() == "precious"
 
 
@@ -300,8 +319,8 @@ def test_stopping_old_instance_keeps_the_new_ones_socket(tmp_short: Path) -> Non
     path = tmp_short / "status.sock"
     old_inv, new_inv = Inventory(), Inventory()
     new_inv.replace("gpu", [GPU0])
-    old = StatusServer(path, old_inv, dict, CordonStore(tmp_short, old_inv), dict)
-    new = StatusServer(path, new_inv, dict, CordonStore(tmp_short, new_inv), dict)
+    old = StatusServer(path, old_inv, dict, CordonStore(tmp_short, old_inv), _releases(tmp_short, old_inv), dict)
+    new = StatusServer(path, new_inv, dict, CordonStore(tmp_short, new_inv), _releases(tmp_short, new_inv), dict)
     old.start()
     new.start()
     try:
@@ -317,13 +336,15 @@ def test_path_too_long_is_a_clear_error(tmp_short: Path) -> None:
     inv = Inventory()
     path = tmp_short / ("x" * 120) / "status.sock"
     with pytest.raises(RuntimeError, match="byte limit"):
-        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), dict).start()
+        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
     # Fits, but not with the private directory it is bound in first.
     room = 107 - len(str(tmp_short / "status.sock").encode())
     parent = tmp_short / ("x" * (room - 1))
     parent.mkdir()
     with pytest.raises(RuntimeError, match="too long"):
-        StatusServer(parent / "status.sock", inv, dict, CordonStore(tmp_short, inv), dict).start()
+        StatusServer(
+            parent / "status.sock", inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict
+        ).start()
     assert list(parent.iterdir()) == []
 
 
@@ -430,3 +451,73 @@ def test_ctl_cordon_refused(node: Node, capsys: pytest.CaptureFixture[str]) -> N
     assert node.ctl("cordon", "gpu-0", "--reason", " ") == 1
     assert "reason must not be empty" in capsys.readouterr().err
     assert node.taints("gpu-0") == []
+
+
+def test_release_taints_degrades_and_reacquire_clears(node: Node) -> None:
+    status, doc = node.post("/release", {"device": "gpu-1", "reason": "nvidia-smi -r", "by": "alice"})
+    assert (status, doc) == (200, {"released": "gpu-1", "devices": ["gpu-1"]})
+    assert node.taints("gpu-1") == [{"key": "tandem.dev/released", "value": "gpu", "effect": "NoSchedule"}]
+    assert node.taints("gpu-0") == [{"key": "tandem.dev/unmonitored", "value": "", "effect": "None"}]
+    assert node.taints("nic-0000-1d-00-0") == []
+    _, health = node.get("/health")
+    assert health["status"] == "degraded" and any("nvidia-smi -r" in r for r in health["reasons"])
+    assert [(r["device"], r["gpu"], r["by"]) for r in health["released"]] == [("gpu-1", "GPU-bbbb", "alice")]
+    assert "tandemctl reacquire gpu-1" in node.inventory.get("gpu-1").health_message  # type: ignore[union-attr]
+
+    status, doc = node.post("/release", {"all": True, "reason": "driver upgrade"})
+    assert (status, doc) == (200, {"released": "nvml", "devices": ["gpu-0", "gpu-1"]})
+    assert node.taints("gpu-0") == [{"key": "tandem.dev/released", "value": "nvml", "effect": "NoSchedule"}]
+
+    status, doc = node.post("/reacquire", {"device": "gpu-1"})
+    assert status == 200 and [r["device"] for r in doc["reacquired"]] == ["gpu-1"]
+    assert [r["gpu"] for r in doc["released"]] == [""]  # NVML as a whole is still released
+    assert node.taints("gpu-1") == [{"key": "tandem.dev/released", "value": "nvml", "effect": "NoSchedule"}]
+    status, doc = node.post("/reacquire", {"all": True})
+    assert status == 200 and doc["released"] == []
+    assert node.taints("gpu-0") == node.taints("gpu-1") == []
+    assert node.get("/health")[1]["status"] == "healthy"
+
+
+def test_a_release_that_did_not_let_go_in_time_is_503(tmp_short: Path) -> None:
+    inv = Inventory()
+    inv.replace("gpu", [GPU0])
+    access = NvmlAccess()
+    state = tmp_short / "nvml.json"
+    write_state(h100_node(gpus=1, nics=0), state)
+    with fake_pynvml_in_process(state):
+        held = access.init(Path("/"))  # a session nobody closes
+        server = StatusServer(tmp_short / "s.sock", inv, dict, CordonStore(tmp_short, inv),
+                              _releases(tmp_short, inv, access), dict)  # fmt: skip
+        server.start()
+        try:
+            status, doc = ctl.request(tmp_short / "s.sock", "POST", "/release", {"device": "gpu-0", "reason": "x"}, 5)
+        finally:
+            server.stop()
+            access.shutdown(held)
+    assert status == 503 and "do not reset yet" in doc["error"] and "1 NVML session(s)" in doc["error"]
+    assert inv.get("gpu-0").taints[0].key == "tandem.dev/released"  # type: ignore[union-attr]  # still released
+
+
+def test_ctl_release_round_trip(
+    node: Node, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SUDO_USER", "carol")
+    assert node.ctl("release", "gpu-0", "--reason", "reset") == 0
+    out = capsys.readouterr().out
+    assert "gpu-0 released" in out and "tandemctl reacquire gpu-0" in out
+    assert node.get("/health")[1]["released"][0]["by"] == "carol"
+    assert node.ctl("health") == 1
+    assert node.ctl("reacquire", "gpu-0") == 0
+    assert "gpu-0 reacquired" in capsys.readouterr().out
+    assert node.ctl("reacquire", "gpu-0") == 0
+    assert "gpu-0 was not released" in capsys.readouterr().out
+    assert node.ctl("release", "--all", "--reason", "upgrade") == 0
+    assert "tandemctl reacquire --all" in capsys.readouterr().out
+    assert node.ctl("reacquire", "gpu-0") == 0
+    assert "still released: NVML" in capsys.readouterr().out
+    assert node.ctl("reacquire", "--all") == 0
+    assert node.ctl("release", "nic-0000-1d-00-0", "--reason", "x") == 1
+    assert "not a GPU" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        node.ctl("release", "gpu-0", "--all", "--reason", "x")
+    assert usage.value.code == 2

@@ -1,0 +1,64 @@
+"""Start-up after the checkpoint was lost: the files of claims still in use are kept and their
+records rebuilt; only what the API server shows unused is removed; nothing is removed while the
+API server cannot say."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prepare_fakes import FakeAPI, Host, make_preparer, make_reconciler, nic_name, render_host
+
+from driver.checkpoint import STATE_COMPLETED, Checkpoint
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return render_host(tmp_path_factory.mktemp("host"))
+
+
+def _files(tmp_path: Path, uid: str) -> list[Path]:
+    return sorted(p for p in tmp_path.rglob("*") if p.is_file() and uid in str(p))
+
+
+def test_an_unreachable_api_server_keeps_every_file_until_it_can_tell(tmp_path: Path, host: Host):
+    api = FakeAPI()
+    data, cdi_root = tmp_path / "data", tmp_path / "cdi"
+    p = make_preparer(data, cdi_root, api, "a", host)
+    live = api.add("default", "live", "uid-live", ("gpu", "gpu-0"), ("nic", nic_name(host, "mlx5_0")))
+    gone = api.add("default", "gone", "uid-gone", ("gpu", "gpu-1"))
+    first = p.prepare([live])[live.uid]
+    assert first.error == "" and p.prepare([gone])[gone.uid].error == ""
+    before = {path: path.read_bytes() for uid in (live.uid, gone.uid) for path in _files(tmp_path, uid)}
+    del api.claims[("default", "gone")]
+    (data / "checkpoint.json").write_text("not json")  # lost, as by a disk error
+
+    api.down = True
+    make_reconciler(data, cdi_root, api, p, host).run()
+    assert {path: path.read_bytes() for path in before} == before, "nothing is removed on a guess"
+    checkpoint = Checkpoint(data, "boot")
+    assert checkpoint.read() == {} and checkpoint.incomplete
+
+    api.down = False  # the next start
+    make_reconciler(data, cdi_root, api, p, host).run()
+    assert _files(tmp_path, gone.uid) == []
+    assert {path: path.read_bytes() for path in _files(tmp_path, live.uid)} == {
+        path: content for path, content in before.items() if live.uid in str(path)
+    }
+    records = checkpoint.read()
+    assert set(records) == {live.uid} and records[live.uid].state == STATE_COMPLETED
+    assert not checkpoint.incomplete
+    assert p.prepare([live])[live.uid] == first, "the kubelet gets the same answer as before"
+    p.close()
+
+
+def test_an_unprepare_removes_the_files_of_a_claim_the_checkpoint_lost(tmp_path: Path, host: Host):
+    api = FakeAPI()
+    data, cdi_root = tmp_path / "data", tmp_path / "cdi"
+    p = make_preparer(data, cdi_root, api, "a", host)
+    ref = api.add("default", "c", "uid-1")
+    assert p.prepare([ref])[ref.uid].error == ""
+    (data / "checkpoint.json").unlink()
+    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert _files(tmp_path, ref.uid) == []
+    p.close()

@@ -1,0 +1,91 @@
+"""The claim status the driver applies: a Ready condition whose lastTransitionTime says when the
+device became ready, not when the driver last wrote the status; and the API the status goes through."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+from prepare_fakes import NODE, FakeAPI, Host, make_preparer, nic_name, render_host
+
+from driver.checkpoint import STATE_STARTED, Checkpoint
+from driver.claim_refresh import NetworkDataRefresh
+from driver.claims import ClaimAPI, PrepareSettings
+from driver.kubeapi import KubeAPI
+from driver.metadata import MetadataWriter
+
+LONG_AGO = "2020-01-02T03:04:05Z"
+
+
+@pytest.fixture(scope="module")
+def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
+    return render_host(tmp_path_factory.mktemp("host"))
+
+
+def _ready_times(api: FakeAPI, name: str) -> list[str]:
+    devices = api.claims[("default", name)]["status"].get("devices") or []
+    return [c["lastTransitionTime"] for d in devices for c in d["conditions"] if c["type"] == "Ready"]
+
+
+def _age_ready_conditions(api: FakeAPI, name: str) -> None:
+    """As if the status had been applied long ago."""
+    for d in api.claims[("default", name)]["status"]["devices"]:
+        for c in d["conditions"]:
+            c["lastTransitionTime"] = LONG_AGO
+
+
+def test_a_resumed_prepare_keeps_the_ready_transition_time(tmp_path: Path, host: Host):
+    api = FakeAPI()
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "a", host)
+    ref = api.add("default", "c", "uid-1", ("gpu", "gpu-0"), ("nic", nic_name(host, "mlx5_0")))
+    assert p.prepare([ref])[ref.uid].error == ""
+    _age_ready_conditions(api, "c")
+    # Interrupted after the status apply, before the record was completed: the next call redoes it.
+    with Checkpoint(tmp_path / "data", "boot").transaction() as claims:
+        claims[ref.uid] = dataclasses.replace(claims[ref.uid], state=STATE_STARTED, owner="a")
+    assert p.prepare([ref])[ref.uid].error == ""
+    assert len(api.applies) == 2
+    assert _ready_times(api, "c") == [LONG_AGO, LONG_AGO]
+
+    # Unprepared and prepared again: the condition is new, and so is its time.
+    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert p.prepare([ref])[ref.uid].error == ""
+    assert LONG_AGO not in _ready_times(api, "c")
+    p.close()
+
+
+def test_a_nic_address_change_keeps_the_ready_transition_time(tmp_path: Path, host: Host):
+    api = FakeAPI()
+    devices = dict(host.devices)
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "a", dataclasses.replace(host, devices=devices))
+    nic = nic_name(host, "mlx5_0")
+    ref = api.add("default", "c", "uid-1", ("nic", nic))
+    assert p.prepare([ref])[ref.uid].error == ""
+    _age_ready_conditions(api, "c")
+
+    old = devices[nic]
+    assert old.nic is not None
+    devices[nic] = dataclasses.replace(old, nic=dataclasses.replace(old.nic, ipv4=("10.9.9.9/24",)))
+    refresh = NetworkDataRefresh(
+        api,
+        Checkpoint(tmp_path / "data", "boot"),
+        PrepareSettings("tandem.dev", NODE, tmp_path / "cdi", host.dev),
+        devices.get,
+        MetadataWriter(tmp_path / "data", tmp_path / "cdi", "tandem.dev"),
+        p.claim_locks,
+    )
+    assert refresh.run() == 1
+    status = api.claims[("default", "c")]["status"]["devices"]
+    assert status[0]["networkData"]["ips"][0] == "10.9.9.9/24"
+    assert _ready_times(api, "c") == [LONG_AGO]
+    p.close()
+
+
+@pytest.mark.parametrize("api", [ClaimAPI, KubeAPI])
+def test_the_claim_status_apply_requires_the_claim_uid(api: type) -> None:
+    """Without the UID the server cannot refuse an apply to a claim recreated under the same name."""
+    uid = inspect.signature(api.apply_claim_status).parameters["uid"]
+    assert uid.kind == inspect.Parameter.KEYWORD_ONLY
+    assert uid.default is inspect.Parameter.empty
