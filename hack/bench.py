@@ -2,10 +2,15 @@
 
 Speed and memory are measured here, never asserted in timed tests. Sections:
 
-  discovery  GPU discovery (8 H100; 8 A100 with 56 MIG devices), NIC discovery among 1,000 netdevs
+  discovery  GPU discovery (8 H100; 8 A100 with 56 MIG devices), NIC discovery among 1,000 netdevs,
+             the daemon's CPU and slice writes while 1,000 veth pairs come and go next to 8 NICs
   slices     publish time and writes for 1/64/1,000 devices, steady-state writes, a 100-change burst
   prepare    prepare/unprepare latency (1 GPU, 1 NIC, 4 GPU + 4 NIC; 1, 16, 64 concurrent) vs the gRPC floor
   health     NVML event -> condition, event -> taint in the API and -> health stream, flapping, idle CPU, RSS
+  cluster    pod create-to-Running with 1-GPU and GPU+NIC claims in the real cluster (hack/cluster.sh up),
+             and the share spent in Tandem's NodePrepareResources
+  reference  Tandem side by side with Go drivers on the official kubeletplugin helper, minimal and doing
+             Tandem's work, in one run: issue 13's table with ratios (Tandem alone without Go)
 
 `python hack/bench.py [--quick] [--only SECTION ...]` prints JSON. The NIC netns cases need root
 and report why they were skipped otherwise.
@@ -24,11 +29,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_cluster
 import bench_daemon
 import bench_health
 import bench_nic
 import bench_nic_health
 import bench_prepare
+import bench_reference
 import bench_slices
 
 from driver.discovery.gpu import GpuDiscovery
@@ -60,6 +67,9 @@ def discovery(quick: bool) -> dict[str, Any]:
         "gpu_8_a100_56_mig": _gpu_discovery(a100_mig_node(gpus=8, per_gpu=7), runs),
         "nic_8_rdma_among_1000_netdevs": bench_nic.bench_nic_discovery(runs=3 if quick else 10),
         "nic_100_address_changes_in_1s": bench_nic.bench_nic_events(),
+        "nic_veth_churn_1000_pairs_in_60s": (
+            bench_nic.bench_veth_churn(pairs=200, seconds=12.0) if quick else bench_nic.bench_veth_churn()
+        ),
         "nic_address_change_to_slice_daemon": bench_daemon.bench_nic_event_to_slice(),
     }
 
@@ -87,7 +97,22 @@ def health(quick: bool) -> dict[str, Any]:
     }
 
 
-SECTIONS = {"discovery": discovery, "slices": slices, "prepare": prepare, "health": health}
+def cluster(quick: bool) -> dict[str, Any]:
+    return {"pod_start": bench_cluster.bench_pod_start(pods=5 if quick else 20)}
+
+
+def reference(quick: bool) -> dict[str, Any]:
+    return bench_reference.bench_reference(quick)
+
+
+SECTIONS = {
+    "discovery": discovery,
+    "slices": slices,
+    "prepare": prepare,
+    "health": health,
+    "cluster": cluster,
+    "reference": reference,
+}
 
 
 def main() -> int:
