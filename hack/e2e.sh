@@ -11,6 +11,11 @@ if [ "$(id -u)" != 0 ]; then
 fi
 command -v go >/dev/null || { echo "hack/e2e.sh needs Go to build the cluster (https://go.dev/dl/)" >&2; exit 2; }
 TANDEM_EXTRAS=test hack/venv.sh
-[ "${KEEP:-0}" = 1 ] || trap 'hack/cluster.sh down' EXIT
 hack/cluster.sh up
-TANDEM_E2E=1 .venv/bin/python -m pytest -q tests/cluster "$@"
+rc=0
+TANDEM_E2E=1 .venv/bin/python -m pytest -q tests/cluster "$@" || rc=$?
+if [ "${KEEP:-0}" != 1 ]; then
+  # Taking the cluster down is part of the test: it must leave no process, mount or state behind.
+  hack/cluster.sh down || { echo "hack/cluster.sh down failed" >&2; rc=1; }
+fi
+exit "$rc"

@@ -24,11 +24,16 @@ ruff check .
 lint-imports
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null && [ "${TANDEM_E2E:-1}" != 0 ]; then
   # A cluster that fails to come up fails the cluster tests (with its log), not the others.
-  trap 'hack/cluster.sh down >/dev/null 2>&1 || true' EXIT
   hack/cluster.sh up || echo "hack/cluster.sh up failed: the tests in tests/cluster will fail" >&2
   export TANDEM_E2E=1
 else
   echo "tests/cluster (the real Kubernetes cluster) skipped: it needs root and Go; hack/e2e.sh runs it" >&2
   export TANDEM_E2E=0
 fi
-python -m pytest -q "$@"
+rc=0
+python -m pytest -q "$@" || rc=$?
+if [ "$TANDEM_E2E" = 1 ]; then
+  # Taking the cluster down is part of the test: it must leave no process, mount or state behind.
+  hack/cluster.sh down || { echo "hack/cluster.sh down failed" >&2; rc=1; }
+fi
+exit "$rc"

@@ -111,6 +111,7 @@ build_tandem_image() {
   "${PODMAN[@]}" build -q --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro -t "$tag" "$repo" \
     >"$out/build.log" 2>&1 ||
     { tail -n 30 "$out/build.log" >&2; die "podman build failed"; }
+  rm -f "$out/tandem.tar" # podman does not overwrite an archive
   "${PODMAN[@]}" save -q -o "$out/tandem.tar" "$tag" >/dev/null
   echo "$out/tandem.tar"
 }

@@ -75,7 +75,7 @@ host_network_down() {
     command -v "$ipt" >/dev/null || continue
     for table in filter nat mangle; do
       "$ipt" -t "$table" -S 2>/dev/null | grep -E '^-A [A-Z]+ .*-j KUBE-' | grep -vE '^-A KUBE-' |
-        while read -r rule; do eval "$ipt -t $table ${rule/#-A/-D}" 2>/dev/null || true; done
+        while read -r rule; do eval "$ipt -t $table ${rule/#-A/-D}" 2>/dev/null || true; done || true
       for chain in $("$ipt" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
         "$ipt" -t "$table" -F "$chain" 2>/dev/null || true
       done

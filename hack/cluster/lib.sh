@@ -151,7 +151,9 @@ cluster_restart() {
 cluster_image() {
   need_root
   find_build || die "the cluster is not built yet: run hack/cluster.sh up"
-  import_images "$(build_tandem_image "$1")"
+  local archive
+  archive="$(build_tandem_image "$1")" # a failed build stops here (set -e), not in the import
+  import_images "$archive"
   echo "$1"
 }
 
@@ -181,12 +183,22 @@ cluster_down() {
   stop kube-controller-manager
   stop kube-apiserver
   stop etcd
+  # A shim whose container could not be killed through containerd would hold mounts.
+  pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
   host_network_down
   unmount_below "$KUBELET_ROOT"
   unmount_below "$STATE"
-  unmount_below /run/netns
+  local netns
+  for netns in /run/netns/cni-*; do # the pods' network namespaces (containerd names them cni-*)
+    [ -e "$netns" ] || continue
+    umount -l "$netns" 2>/dev/null || true
+    rm -f "$netns"
+  done
   rm -rf --one-file-system "$KUBELET_ROOT" "$STATE"
   rm -f "$CDI_ROOT"/k8s.tandem.dev-*.json "$CDI_ROOT"/*tandem.dev*metadata*.json 2>/dev/null || true
+  if pgrep -f "$STATE|$CONTAINERD_SOCK" >/dev/null || [ -e "$STATE" ] || [ -e "$KUBELET_ROOT" ]; then
+    die "something of the cluster is left: $(pgrep -af "$STATE|$CONTAINERD_SOCK" | head -3)"
+  fi
   say "cluster removed"
 }
 
