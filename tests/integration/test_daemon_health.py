@@ -50,8 +50,10 @@ def _free_port() -> int:
 def running(apiserver, sim_node, start_daemon):
     node = sim_node(h100_node("node-h", gpus=2, nics=2))
     port = _free_port()
+    # The quiet period must outlast every check a test makes while the taint stands (two tandemctl
+    # processes among them), also on a loaded CI machine: 3 s was not enough there.
     daemon = start_daemon(
-        node, "--health-quiet-period", "3", "--link-debounce", "0.3", "--metrics-address", f"127.0.0.1:{port}"
+        node, "--health-quiet-period", "10", "--link-debounce", "0.3", "--metrics-address", f"127.0.0.1:{port}"
     )
     kubelet = KubeletSim(node.registry)
     kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
