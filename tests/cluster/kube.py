@@ -180,12 +180,31 @@ def wait_pod(cluster: Cluster, namespace: str, name: str, phases: tuple[str, ...
         if phase in phases:
             return p
         if phase in ("Succeeded", "Failed"):
-            events = cluster.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}")
+            events = cluster.kubectl(
+                "get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}"
+            )
             logs = cluster.kubectl("logs", "-n", namespace, name, check=False)
             raise AssertionError(f"pod {name} ended {phase}, not {phases}:\n{events}\n{logs}")
         return None
 
-    return wait_for(f"pod {namespace}/{name} in {phases}", probe, timeout=timeout)
+    try:
+        return wait_for(f"pod {namespace}/{name} in {phases}", probe, timeout=timeout)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{why_pending(cluster, namespace, name)}") from None
+
+
+def why_pending(cluster: Cluster, namespace: str, name: str) -> str:
+    """What the scheduler, the kubelet and Tandem said about a pod that did not get where a test
+    waited for it: its events, its claims' allocation and status, and the tail of Tandem's log."""
+    events = cluster.kubectl("get", "events", "-n", namespace, "-o", "wide", check=False)
+    claims = cluster.kubectl("get", "resourceclaims", "-n", namespace, "-o", "yaml", check=False)
+    tails = []
+    for log in (cluster.state / "node" / "tandem.log", cluster.state / "logs" / "kubelet.log"):
+        text = log.read_text(errors="replace") if log.exists() else "(missing)"
+        # The kubelet logs much; its lines about DRA are the ones that explain a pod stuck on a claim.
+        lines = [line for line in text.splitlines()[-400:] if "tandem" in log.name or "DRA" in line]
+        tails.append(f"{log} (tail):\n" + "\n".join(lines)[-3000:])
+    return f"events:\n{events}\nclaims:\n{claims[-4000:]}\n" + "\n".join(tails)
 
 
 def logs(cluster: Cluster, namespace: str, name: str) -> str:

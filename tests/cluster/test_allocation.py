@@ -102,7 +102,10 @@ def test_cel_selector_on_a_list_typed_attribute(cluster: Cluster, tandem, namesp
     tandem.ensure("--list-attributes")
     wait_for(
         "numaNode published as a list",
-        lambda: all("ints" in d["attributes"][NUMA] for d in cluster.devices().values() if NUMA in d["attributes"]),
+        lambda: (
+            (numa := [d["attributes"][NUMA] for d in cluster.devices().values() if NUMA in d["attributes"]])
+            and all("ints" in a for a in numa)
+        ),
     )
     selector = f'{GPU} && device.attributes["resource.kubernetes.io"].numaNode.includes(1)'
     cluster.apply(
