@@ -20,7 +20,7 @@ from cdi.names import (
     validate_vendor_name,
 )
 from cdi.spec import ContainerEdits, Device, DeviceNode, Hook, IntelRdt, Mount, NetDevice, Spec
-from cdi.store import list_specs, read_spec, remove_spec, spec_filename, write_spec
+from cdi.store import list_specs, read_spec, remove_spec, spec_filename, update_spec, write_spec
 from cdi.validate import HOOK_NAMES, problems, validate
 from cdi.version import CURRENT_VERSION, KNOWN_VERSIONS, make_spec, minimum_version
 
@@ -52,6 +52,7 @@ __all__ = [
     "remove_spec",
     "remove_temp_files",
     "spec_filename",
+    "update_spec",
     "validate",
     "validate_class_name",
     "validate_device_name",

@@ -307,7 +307,11 @@ class Spec:
         _put(out, "containerEdits", self.container_edits.to_dict())
         return out
 
-    def to_json(self) -> str:
+    def to_json(self, *, compact: bool = False) -> str:
+        """Indented by 2, or `compact` as the Go library's ``json.Marshal`` writes it (and several
+        times faster: Python's JSON encoder runs in C only without indentation)."""
+        if compact:
+            return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
     @classmethod

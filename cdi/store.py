@@ -2,8 +2,10 @@
 
 Runtimes read only regular ``*.json`` / ``*.yaml`` files directly in their spec directories and
 refresh their cache whenever the directory changes, so a spec must appear in one step: it is
-written under a ``.tmp`` name (ignored by runtimes), made durable, then renamed over the final
-name. A reader therefore sees the old file or the new one, never a torn one.
+written under a ``.tmp`` name (ignored by runtimes), then renamed over the final name. A reader
+therefore sees the old file or the new one, never a torn one. Whether the write is also made
+durable (fsynced) is the caller's choice (`cdi.files`): a static spec in ``/etc/cdi`` must survive
+a reboot, a transient one in ``/var/run/cdi`` (a tmpfs) cannot.
 """
 
 from __future__ import annotations
@@ -49,30 +51,58 @@ def spec_filename(vendor: str, class_: str, unique: str) -> str:
     return name
 
 
-def write_spec(directory: Path, spec: Spec, filename: str) -> Path:
+def write_spec(directory: Path, spec: Spec, filename: str, *, durable: bool = True, compact: bool = False) -> Path:
     """Validate `spec` (strict rules) and replace ``directory/filename`` with it atomically.
 
     The directory is created if missing (``/var/run/cdi`` lives on tmpfs and is gone after a
-    reboot). The data and the rename are both fsynced, so after a crash the file is either the
-    old one or the complete new one.
+    reboot). With `durable` the data and the rename are both fsynced, so that after a power loss
+    too the file is either the old one or the complete new one. `compact`: JSON without
+    indentation (`Spec.to_json`).
     """
     _check_filename(filename)
-    validate(spec)
-    data = spec.to_json().encode()
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
     target = directory / filename
-    atomic_write(target, data, FILE_MODE)
+    _write(target, spec, spec.to_json(compact=compact).encode(), durable)
     return target
 
 
-def remove_spec(directory: Path, filename: str) -> None:
-    """Remove a spec; a file that is already gone is fine (unprepare is retried)."""
+def update_spec(directory: Path, spec: Spec, filename: str, *, durable: bool = True, compact: bool = False) -> bool:
+    """`write_spec`, unless the file already holds exactly this spec; True when it was written.
+
+    An unchanged spec is not rewritten: every rewrite makes the runtimes rescan the directory. A
+    file that holds these very bytes passed validation when it was written, so it is not
+    validated again either.
+    """
+    _check_filename(filename)
+    target = directory / filename
+    data = spec.to_json(compact=compact).encode()
+    try:
+        if target.read_bytes() == data:
+            return False
+    except OSError:
+        pass
+    _write(target, spec, data, durable)
+    return True
+
+
+def _write(target: Path, spec: Spec, data: bytes, durable: bool) -> None:
+    validate(spec)
+    try:
+        atomic_write(target, data, FILE_MODE, durable=durable)
+    except FileNotFoundError:  # no directory yet: made on demand, not checked before every write
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        atomic_write(target, data, FILE_MODE, durable=durable)
+
+
+def remove_spec(directory: Path, filename: str, *, durable: bool = True) -> None:
+    """Remove a spec; a file that is already gone is fine (unprepare is retried). `durable`: the
+    removal survives a power loss (an fsync of the directory)."""
     _check_filename(filename)
     try:
         os.unlink(directory / filename)
     except FileNotFoundError:
         return
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def read_spec(path: Path) -> Spec:

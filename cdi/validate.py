@@ -11,6 +11,7 @@ rule would reject it).
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -36,15 +37,21 @@ def validate(spec: Spec, *, strict: bool = True) -> None:
 
 def problems(spec: Spec, *, strict: bool = True) -> Iterator[SpecError]:
     """Every problem in load order; a bad type stops the walk because nothing after it can be trusted."""
+    raw = spec.to_dict()
+    raw.pop("containerEdits", None)  # its round trip is `_spec_edits`'
     try:
-        Spec.from_dict(spec.to_dict())
+        Spec.from_dict(raw)
     except SpecError as e:
         yield e
+        return
+    bad_type, edit_problems = _spec_edits(spec.container_edits, strict)
+    if bad_type is not None:
+        yield SpecError(*bad_type)
         return
     yield from _version(spec, strict)
     yield from _kind(spec.kind)
     yield from _annotations("annotations", spec.annotations)
-    yield from _edits("containerEdits", spec.container_edits, strict)
+    yield from (SpecError(*p) for p in edit_problems)
     if not spec.devices:
         yield SpecError("devices", "a spec needs at least one device")
     seen: set[str] = set()
@@ -61,6 +68,33 @@ def problems(spec: Spec, *, strict: bool = True) -> Iterator[SpecError]:
                 "a device needs at least one edit (env, deviceNodes, mounts, hooks, netDevices, intelRdt or additionalGids)",
             )
         yield from _edits(join(path, "containerEdits"), device.container_edits, strict)
+
+
+_Problem = tuple[str, str]  # (field, message) of a SpecError
+
+
+def _spec_edits(edits: ContainerEdits, strict: bool) -> tuple[_Problem | None, tuple[_Problem, ...]]:
+    """The spec-level edits' type problem (their round trip through JSON) and other problems.
+
+    Remembered by value for the last few edits seen: a driver's specs share their spec-level
+    edits (its control device nodes and driver files, dozens of mounts), and checking them costs
+    more than the rest of a spec. Problems are kept as plain values, never as exception objects
+    (a re-raised exception grows its traceback)."""
+    try:
+        return _spec_edits_cached(edits, strict)
+    except TypeError:  # a value of the wrong type can be unhashable: check it uncached
+        return _spec_edits_uncached(edits, strict)
+
+
+def _spec_edits_uncached(edits: ContainerEdits, strict: bool) -> tuple[_Problem | None, tuple[_Problem, ...]]:
+    try:
+        ContainerEdits.from_dict(edits.to_dict(), "containerEdits")
+    except SpecError as e:
+        return (e.field, e.message), ()
+    return None, tuple((e.field, e.message) for e in _edits("containerEdits", edits, strict))
+
+
+_spec_edits_cached = functools.lru_cache(maxsize=16)(_spec_edits_uncached)
 
 
 def _wrap(path: str, check: Callable[[str], None], value: str) -> Iterator[SpecError]:

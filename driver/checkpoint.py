@@ -1,4 +1,4 @@
-"""Durable record of prepared claims, shared by every driver instance on the node.
+"""The record of prepared claims, shared by every driver instance on the node, for this boot.
 
 The kubelet may send Unprepare to a different process than the one that prepared (restart,
 rolling update) and does not resend the claim, so everything unprepare needs lives here. The
@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.fsutil import locked
+from driver.fsutil import PREPARED_STATE_DURABLE, locked
+from driver.model import MigPlacement
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,14 @@ class DeviceRecord:
     # told apart and written again; `exclusive` NICs live in the pod and cannot be followed.
     network_data: dict[str, Any] | None = field(default=None, hash=False)
     exclusive: bool = False
+    # Dynamic MIG: the GPU instance this device is made as. Recorded before it is made and removed
+    # only after it is destroyed, so a crash at any step leaves a record of what may exist.
+    mig: MigPlacement | None = None
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DeviceRecord:
         nd = raw.get("networkData")
+        mig = raw.get("migPlacement")
         return cls(
             request_names=tuple(raw.get("requestNames", ())),
             pool=str(raw["pool"]),
@@ -61,6 +66,9 @@ class DeviceRecord:
             admin_access=bool(raw.get("adminAccess", False)),
             network_data=dict(nd) if isinstance(nd, dict) else None,
             exclusive=bool(raw.get("exclusive", False)),
+            mig=MigPlacement(str(mig["parentUUID"]), int(mig["profileID"]), int(mig["start"]), int(mig["size"]))
+            if isinstance(mig, dict)
+            else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -75,6 +83,14 @@ class DeviceRecord:
             out["networkData"] = self.network_data
         if self.exclusive:
             out["exclusive"] = True
+        if self.mig is not None:
+            m = self.mig
+            out["migPlacement"] = {
+                "parentUUID": m.parent_uuid,
+                "profileID": m.profile_id,
+                "start": m.start,
+                "size": m.size,
+            }
         return out
 
 
@@ -213,7 +229,10 @@ class Checkpoint:
             top["incomplete"] = True
         head = json.dumps(top, separators=(",", ":"))
         body = ",".join(f"{json.dumps(uid)}:{c.json_text}" for uid, c in sorted(claims.items()))
-        atomic_write(self.path, f'{head[:-1]},"claims":{{{body}}}}}'.encode(), mode=0o600)
+        # Atomic, not durable: the record is discarded at the next boot (`driver.fsutil`).
+        atomic_write(
+            self.path, f'{head[:-1]},"claims":{{{body}}}}}'.encode(), mode=0o600, durable=PREPARED_STATE_DURABLE
+        )
         self._remember(claims)
 
     def read(self) -> dict[str, ClaimRecord]:

@@ -2,6 +2,18 @@
 the lock that serialises their writers, and reading the small ones (cordons, releases).
 
 Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it.
+
+Which writes are fsynced (`durable`): only state that must survive a reboot, cordons and NVML
+releases. The record of prepared claims (`driver.checkpoint`) and each claim's files (its CDI
+spec and device metadata, `driver.claim_files`) are written atomically but not durably
+(`PREPARED_STATE_DURABLE`): a reader, and `kill -9` of the daemon at any line, still sees the old
+file or the new, because the page cache the rename happens in belongs to the kernel. Only a
+kernel crash or power loss loses unsynced writes, and that is a reboot, after which none of them
+counts: the checkpoint names the boot it was written in and is discarded in the next (one left
+unreadable is set aside and rebuilt like a lost one); CDI specs live in `/var/run/cdi`, a tmpfs;
+the kubelet prepares the claims of every restarted pod again, which rewrites its files; and
+start-up reconciliation removes what no record accounts for. An fsync there would protect nothing
+and cost a disk flush per file: 15 per prepare and unprepare.
 """
 
 from __future__ import annotations
@@ -18,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
+
+PREPARED_STATE_DURABLE = False  # see the module docstring
 
 
 def boot_id(proc_root: Path = Path("/proc")) -> str:

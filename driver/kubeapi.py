@@ -1,16 +1,17 @@
-"""The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA) and ResourceSlices.
+"""The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA), ResourceSlices, Events.
 
 Everything else in the driver gets plain camelCase dicts and our own exceptions from here, never
-client models, `ApiException` or urllib3 errors, so that callers decide retry versus give-up from
-one small vocabulary (`ApiError.retryable`) and the client library can be swapped or upgraded in
-one place.
+HTTP responses or urllib3 errors, so that callers decide retry versus give-up from one small
+vocabulary (`ApiError.retryable`) and the transport can be swapped or upgraded in one place.
 
-Why raw JSON instead of client models for reads: the `kubernetes` client's pydantic models
-silently drop every JSON key they do not know (docs/reference/resource-api.md, 'Python client notes'). A claim or slice read
-through a model would lose fields newer than the client; the slice publisher also needs the exact
-bytes the server stored to notice fields the server dropped (list-typed attributes with their
-feature gate off). So every call that returns an object uses `_preload_content=False` and
-json-decodes the body itself.
+The requests are plain REST over a urllib3 connection pool, with the server, TLS and credentials
+of `driver.kubeconfig`, not through the official `kubernetes` client. Its package imports every
+one of its pydantic models (about 35 MiB of the daemon's memory), validates every call's
+arguments against them, and its models silently drop every JSON key they do not know (docs/reference/resource-api.md, 'Python client notes'): a claim
+or slice read through a model would lose fields newer than the client, and the slice publisher
+needs the exact objects the server stored to notice fields the server dropped (list-typed
+attributes with their feature gate off). So every object is sent and read as JSON. Requests ask
+for `application/json`, as the official clients do.
 """
 
 from __future__ import annotations
@@ -21,13 +22,11 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
-import pydantic
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
+from driver.kubeconfig import ConfigError, cluster_access
 from driver.resource_api import API_VERSION
 
 log = logging.getLogger(__name__)
@@ -35,6 +34,11 @@ log = logging.getLogger(__name__)
 # (connect, read) seconds for every ordinary request: a hung API server must turn into a
 # retryable error, never a thread blocked forever.
 DEFAULT_TIMEOUT = (5.0, 15.0)
+
+# Pooled connections kept to the API server: one per concurrent prepare (the gRPC server's
+# workers), and the slice publisher's. More are opened when needed, but not kept.
+CONNECTIONS = 16
+USER_AGENT = "tandem-driver"
 
 # HTTP statuses worth retrying: throttling, server-side trouble, and 0 for "no response at all"
 # (connection refused/reset, timeout).
@@ -68,31 +72,35 @@ class NodeRef:
 
 
 def _error_from(exc: Exception, what: str) -> ApiError:
-    if isinstance(exc, ApiException):
-        status = int(exc.status or 0)
-        reason = exc.reason or ""
-        detail = ""
-        if exc.body:
-            try:
-                detail = str(json.loads(exc.body).get("message", ""))
-            except (ValueError, AttributeError):
-                detail = str(exc.body)[:200]
-        msg = f"{what}: HTTP {status} {reason}: {detail}".rstrip(": ")
-        if status == 404:
-            return NotFound(msg, status)
-        if status == 409:
-            return Conflict(msg, status, retryable=True)
-        return ApiError(msg, status)
-    if isinstance(exc, pydantic.ValidationError):
-        # The client validates bodies against its models before sending: a malformed body is
-        # our bug or bad input, and sending it again will not help.
-        return ApiError(f"{what}: invalid request body: {exc}", 0, retryable=False)
+    """No answer at all (refused, reset, timed out, TLS failure, unreadable token): retryable."""
+    if isinstance(exc, ApiError):
+        return exc
     return ApiError(f"{what}: {type(exc).__name__}: {exc}", 0, retryable=True)
 
 
+def _status_error(resp: Any, what: str) -> ApiError:
+    """An answer outside 2xx, with the message of the metav1.Status the server sends."""
+    status = int(resp.status)
+    detail = ""
+    with contextlib.suppress(Exception):
+        body = resp.data
+        try:
+            detail = str(json.loads(body).get("message", ""))
+        except (ValueError, AttributeError):
+            detail = body.decode(errors="replace")[:200]
+    with contextlib.suppress(Exception):
+        _discard(resp)
+    msg = f"{what}: HTTP {status} {resp.reason or ''}: {detail}".rstrip(": ")
+    if status == 404:
+        return NotFound(msg, status)
+    if status == 409:
+        return Conflict(msg, status, retryable=True)
+    return ApiError(msg, status)
+
+
 def _decode(resp: Any, what: str) -> dict[str, Any]:
-    """The body is read here, lazily (`_preload_content=False`): a connection that breaks or
-    times out mid-body raises from urllib3 now, and must still become an ApiError."""
+    """The body is read here, lazily: a connection that breaks or times out mid-body raises from
+    urllib3 now, and must still become an ApiError."""
     try:
         obj = json.loads(resp.data)
     except (ValueError, TypeError) as exc:
@@ -130,9 +138,7 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
     def _read(self) -> Iterator[tuple[str, dict[str, Any]]]:
         what = self._what
         try:
-            for line in iter_resp_lines(self._resp):
-                if not line:
-                    continue
+            for line in _lines(self._resp):
                 try:
                     event = json.loads(line)
                     etype, obj = event["type"], event["object"]
@@ -155,6 +161,15 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
             self._resp.close()
 
 
+def _lines(resp: Any) -> Iterator[str]:
+    """The non-empty lines of a streamed body, each as soon as its newline arrives."""
+    buffer = b""
+    for chunk in resp.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        yield from (line.decode(errors="replace") for line in lines if line.strip())
+
+
 def _discard(resp: Any) -> None:
     """Read the body before releasing the connection: an unread body left in a pooled
     connection would be read as the answer to the next request."""
@@ -169,37 +184,76 @@ def _slice_selector(node_name: str, driver: str) -> str:
 
 
 class KubeAPI:
-    """Typed wrapper over the official client; all methods raise only `ApiError` and subclasses."""
+    """The driver's requests to the API server; all methods raise only `ApiError` and subclasses."""
 
     def __init__(self, kubeconfig: str | None = None, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
-        cfg = client.Configuration()
         try:
-            if kubeconfig is None:
-                config.load_incluster_config(client_configuration=cfg)
-            else:
-                config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        except (config.ConfigException, OSError, ValueError) as exc:
+            access = cluster_access(kubeconfig)
+        except (ConfigError, OSError, ValueError) as exc:
             raise ApiError(f"cannot load Kubernetes client configuration: {exc}", retryable=False) from exc
-        # Retry only failed connects inside urllib3 (the request never left); everything else
-        # surfaces as an error so that the caller's backoff, not a hidden loop, decides.
-        cfg.retries = urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=0)
-        self._timeout = timeout
-        self._client = client.ApiClient(cfg)
-        self._core = client.CoreV1Api(self._client)
-        self._resource = client.ResourceV1Api(self._client)
+        self._server = access.server
+        self._credentials = access.credentials
+        self._timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        self._read_timeout = timeout[1]
+        pool: dict[str, Any] = {
+            # Retry only failed connects inside urllib3 (the request never left); everything else
+            # surfaces as an error so that the caller's backoff, not a hidden loop, decides.
+            "retries": urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=0),
+            "maxsize": CONNECTIONS,
+            **access.tls,
+        }
+        self._http = urllib3.ProxyManager(access.proxy, **pool) if access.proxy else urllib3.PoolManager(**pool)
+        # Without a proxy every request goes to the one server: straight to its pool, without the
+        # manager's URL parsing and pool look-up on each (a fifth of a request's CPU).
+        self._pool = None if access.proxy else self._http.connection_from_url(self._server)
 
     def close(self) -> None:
-        self._client.close()
+        self._http.clear()
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: urllib3.Timeout | None = None,
+    ) -> Any:
+        """Send one request; the response (body unread) when the server answered 2xx. `body` is
+        sent as JSON (a JSON document is also valid YAML, for apply patches)."""
+        target = path + (f"?{urlencode(query)}" if query else "")
+        try:
+            headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+            auth = self._credentials.header()
+            if auth:
+                headers["Authorization"] = auth
+            data = None
+            if body is not None:
+                data = json.dumps(body, separators=(",", ":")).encode()
+                headers["Content-Type"] = content_type
+            via, where = (self._http, self._server + target) if self._pool is None else (self._pool, target)
+            resp = via.urlopen(
+                method,
+                where,
+                body=data,
+                headers=headers,
+                timeout=timeout or self._timeout,
+                preload_content=False,
+                redirect=False,
+            )
+        except Exception as exc:
+            raise _error_from(exc, what) from exc
+        if not 200 <= resp.status < 300:
+            raise _status_error(resp, what)
+        return resp
 
     # -- nodes -------------------------------------------------------------------------------
 
     def get_node(self, name: str) -> NodeRef:
         what = f"get node {name}"
-        try:
-            resp = self._core.read_node(name, _preload_content=False, _request_timeout=self._timeout)
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        obj = _decode(resp, what)
+        obj = _decode(self._request("GET", f"/api/v1/nodes/{_q(name)}", what), what)
         uid = obj.get("metadata", {}).get("uid")
         if not isinstance(uid, str) or not uid:
             raise ApiError(f"{what}: node has no metadata.uid", retryable=False)
@@ -208,20 +262,11 @@ class KubeAPI:
     # -- claims ------------------------------------------------------------------------------
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """The v1 ResourceClaim as the server sent it (camelCase).
-
-        Decoded from the raw body rather than into `ResourceV1ResourceClaim`, because the model
-        drops fields newer than the client (docs/reference/resource-api.md, 'Python client notes'): the prepare path must see the
-        whole allocation result, and a later read-modify-write must not erase what it lost.
-        """
+        """The v1 ResourceClaim as the server sent it (camelCase), every field of it: the prepare
+        path must see the whole allocation result, and a later read-modify-write must not erase
+        what a client model would have lost."""
         what = f"get claim {namespace}/{name}"
-        try:
-            resp = self._resource.read_namespaced_resource_claim(
-                name, namespace, _preload_content=False, _request_timeout=self._timeout
-            )
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        return _decode(resp, what)
+        return _decode(self._request("GET", _claim_path(namespace, name), what), what)
 
     def apply_claim_status(
         self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
@@ -241,19 +286,14 @@ class KubeAPI:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "status": {"devices": devices},
         }
-        try:
-            resp = self._resource.patch_namespaced_resource_claim_status(
-                name,
-                namespace,
-                body,
-                field_manager=field_manager,
-                force=True,
-                _content_type="application/apply-patch+yaml",
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
+        resp = self._request(
+            "PATCH",
+            _claim_path(namespace, name) + "/status",
+            what,
+            query={"fieldManager": field_manager, "force": "true"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
         _discard(resp)
 
     # -- slices ------------------------------------------------------------------------------
@@ -261,15 +301,8 @@ class KubeAPI:
     def list_slices(self, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
         """This node's slices of `driver`, and the list's resourceVersion to start a watch from."""
         what = f"list slices of {driver} on {node_name}"
-        try:
-            resp = self._resource.list_resource_slice(
-                field_selector=_slice_selector(node_name, driver),
-                _preload_content=False,
-                _request_timeout=self._timeout,
-            )
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        obj = _decode(resp, what)
+        query = {"fieldSelector": _slice_selector(node_name, driver)}
+        obj = _decode(self._request("GET", _SLICES, what, query=query), what)
         items = obj.get("items") or []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise ApiError(f"{what}: malformed list", retryable=True)
@@ -279,61 +312,70 @@ class KubeAPI:
     def watch_slices(self, node_name: str, driver: str, resource_version: str, timeout_seconds: int) -> SliceWatch:
         """Open a watch from `resource_version`; iterate it for (type, object) events.
 
-        Reads the stream itself instead of `kubernetes.watch.Watch` so that objects stay raw
-        dicts (no model round trip). BOOKMARK events are yielded too: their resourceVersion lets
-        the caller resume. An ERROR event (e.g. 410 Gone: the resourceVersion is too old) is
-        raised as `ApiError` with the status it carries; the caller must list again.
+        BOOKMARK events are yielded too: their resourceVersion lets the caller resume. An ERROR
+        event (e.g. 410 Gone: the resourceVersion is too old) is raised as `ApiError` with the
+        status it carries; the caller must list again.
         """
         what = f"watch slices of {driver} on {node_name}"
-        try:
-            resp = self._resource.list_resource_slice(
-                field_selector=_slice_selector(node_name, driver),
-                resource_version=resource_version,
-                allow_watch_bookmarks=True,
-                timeout_seconds=timeout_seconds,
-                watch=True,
-                _preload_content=False,
-                # The read timeout must outlast the server-side watch timeout.
-                _request_timeout=(self._timeout[0], timeout_seconds + self._timeout[1]),
-            )
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        return SliceWatch(resp, what)
+        query = {
+            "fieldSelector": _slice_selector(node_name, driver),
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            "watch": "true",
+        }
+        # The read timeout must outlast the server-side watch timeout.
+        timeout = urllib3.Timeout(connect=self._timeout.connect_timeout, read=timeout_seconds + self._read_timeout)
+        return SliceWatch(self._request("GET", _SLICES, what, query=query, timeout=timeout), what)
 
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a slice (use metadata.generateName); returns what the server stored."""
         what = "create slice"
-        try:
-            resp = self._resource.create_resource_slice(body, _preload_content=False, _request_timeout=self._timeout)
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        return _decode(resp, what)
+        return _decode(self._request("POST", _SLICES, what, body=body), what)
 
     def update_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """PUT a slice. `metadata.resourceVersion` in `body` makes it conditional (409 = Conflict)."""
         name = body.get("metadata", {}).get("name", "")
         what = f"update slice {name}"
-        try:
-            resp = self._resource.replace_resource_slice(
-                name, body, _preload_content=False, _request_timeout=self._timeout
-            )
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        return _decode(resp, what)
+        return _decode(self._request("PUT", f"{_SLICES}/{_q(name)}", what, body=body), what)
 
     def delete_slice(self, name: str, resource_version: str | None = None) -> None:
         """DELETE a slice; already gone is success. With a resourceVersion, only that version."""
         what = f"delete slice {name}"
         body = None
         if resource_version:
-            body = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=resource_version))
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": resource_version}}
         try:
-            resp = self._resource.delete_resource_slice(
-                name, body=body, _preload_content=False, _request_timeout=self._timeout
-            )
-        except Exception as exc:
-            err = _error_from(exc, what)
-            if isinstance(err, NotFound):
-                return
-            raise err from exc
+            resp = self._request("DELETE", f"{_SLICES}/{_q(name)}", what, body=body)
+        except NotFound:
+            return
         _discard(resp)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """POST an events.k8s.io/v1 Event (`driver.events` builds it)."""
+        what = f"create event in {namespace}"
+        _discard(self._request("POST", _events_path(namespace), what, body=body))
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of an Event: a repeat raises its `series` count."""
+        what = f"patch event {namespace}/{name}"
+        path = f"{_events_path(namespace)}/{_q(name)}"
+        _discard(self._request("PATCH", path, what, body=patch, content_type="application/merge-patch+json"))
+
+
+_SLICES = f"/apis/{API_VERSION}/resourceslices"
+
+
+def _q(segment: str) -> str:
+    """One path segment, escaped: a name can never reach another path."""
+    return quote(segment, safe="")
+
+
+def _claim_path(namespace: str, name: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}"
+
+
+def _events_path(namespace: str) -> str:
+    return f"/apis/events.k8s.io/v1/namespaces/{_q(namespace)}/events"

@@ -3,10 +3,14 @@
 Speed and memory are measured here, never asserted in timed tests. Sections:
 
   discovery  GPU discovery (8 H100; 8 A100 with 56 MIG devices), NIC discovery among 1,000 netdevs,
+             GPU and NIC discovery with the HGX board's PCIe switch trees (8 GPUs, 8 NICs, 1,000 netdevs),
              the daemon's CPU and slice writes while 1,000 veth pairs come and go next to 8 NICs
   slices     publish time and writes for 1/64/1,000 devices, steady-state writes, a 100-change burst
   prepare    prepare/unprepare latency (1 GPU, 1 NIC, 4 GPU + 4 NIC; 1, 16, 64 concurrent) vs the gRPC floor
+  mig        dynamic MIG: prepare/unprepare of a claim that carves a 1g partition vs a whole GPU, and the
+             publication of 8 GPUs' partitions (devices, counter sets, slices, bytes, time, writes)
   health     NVML event -> condition, event -> taint in the API and -> health stream, flapping, idle CPU, RSS
+             (idle, and across 1,000 prepare/unprepare cycles)
   cluster    pod create-to-Running with 1-GPU and GPU+NIC claims in the real cluster (hack/cluster.sh up),
              and the share spent in Tandem's NodePrepareResources
   reference  Tandem side by side with Go drivers on the official kubeletplugin helper, minimal and doing
@@ -32,11 +36,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_cluster
 import bench_daemon
 import bench_health
+import bench_mig
 import bench_nic
 import bench_nic_health
 import bench_prepare
 import bench_reference
 import bench_slices
+import bench_topology
 
 from driver.discovery.gpu import GpuDiscovery
 from sim import nvml as sim_nvml
@@ -66,6 +72,9 @@ def discovery(quick: bool) -> dict[str, Any]:
         "gpu_8_h100": _gpu_discovery(h100_node(gpus=8, nics=0), runs),
         "gpu_8_a100_56_mig": _gpu_discovery(a100_mig_node(gpus=8, per_gpu=7), runs),
         "nic_8_rdma_among_1000_netdevs": bench_nic.bench_nic_discovery(runs=3 if quick else 10),
+        "hgx_switches_8_gpus_8_nics_among_1000_netdevs": bench_topology.bench_topology_discovery(
+            runs=3 if quick else 10
+        ),
         "nic_100_address_changes_in_1s": bench_nic.bench_nic_events(),
         "nic_veth_churn_1000_pairs_in_60s": (
             bench_nic.bench_veth_churn(pairs=200, seconds=12.0) if quick else bench_nic.bench_veth_churn()
@@ -86,6 +95,10 @@ def prepare(quick: bool) -> dict[str, Any]:
     return bench_prepare.bench_prepare(quick)
 
 
+def mig(quick: bool) -> dict[str, Any]:
+    return bench_mig.bench_mig(quick)
+
+
 def health(quick: bool) -> dict[str, Any]:
     return {
         "nvml_event_to_inventory": bench_health.bench_gpu_event_to_condition(),
@@ -93,7 +106,7 @@ def health(quick: bool) -> dict[str, Any]:
         "flapping_50_in_10s_debounced": bench_daemon.bench_flapping(),
         "flapping_50_in_10s_no_debounce": bench_daemon.bench_flapping(debounce=0.0),
         "flapping_netns_condition_changes": bench_nic_health.bench_flap_condition_changes(),
-        "footprint_8_gpus_8_nics": bench_daemon.bench_footprint(10 if quick else 60),
+        "footprint_8_gpus_8_nics": bench_daemon.bench_footprint(10 if quick else 60, 200 if quick else 1000),
     }
 
 
@@ -109,6 +122,7 @@ SECTIONS = {
     "discovery": discovery,
     "slices": slices,
     "prepare": prepare,
+    "mig": mig,
     "health": health,
     "cluster": cluster,
     "reference": reference,

@@ -5,7 +5,9 @@
   ResourceSlice, and until the kubelet's health stream says Unhealthy;
 * flapping: ResourceSlice writes caused by a NIC link flapping 50 times in 10 s (sysfs mode), with
   the default debounce and with debounce 0 (then only the publisher's write coalescing limits it);
-* footprint: the daemon's CPU time while idle and its resident memory, with 8 GPUs and 8 NICs.
+* footprint: the daemon's CPU time while idle and its resident memory, with 8 GPUs and 8 NICs, then
+  its memory across 1,000 prepare/unprepare cycles of 1-GPU claims (a round of 8 concurrent ones
+  after every 100), sampled after each 100: a leak shows as growth after the first rounds.
 
 `python hack/bench_daemon.py [--quick]` prints JSON.
 """
@@ -22,17 +24,18 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from demo.node import DRIVER, SimNode, stop_daemon
 from sim.apiserver import SimApiServer
-from sim.kubelet import KubeletSim
+from sim.kubelet import ClaimRef, KubeletSim
 from sim.nics import render_nic
 from sim.nvml import append_event
 from sim.profile import NicSpec, NodeProfile, h100_node
-from sim.scheduler import published_devices
+from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 XID_EVENT = 0x8
 _WRITES = {"POST", "PUT", "DELETE", "PATCH"}
@@ -192,13 +195,10 @@ def _cpu_seconds(pid: int) -> float:
 
 
 def _rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return round(int(line.split()[1]) / 1024, 1)
-    return 0.0
+    return round(_status_kib(pid, "VmRSS") / 1024, 1)
 
 
-def bench_footprint(seconds: float = 60.0) -> dict[str, Any]:
+def bench_footprint(seconds: float = 60.0, cycles: int = 1000) -> dict[str, Any]:
     profile = h100_node("bench-idle", gpus=8, nics=8)
     # h100_node puts NICs on the GPUs' roots; 8 NICs need their own bus numbers.
     for j, nic in enumerate(profile.nics):
@@ -210,12 +210,61 @@ def bench_footprint(seconds: float = 60.0) -> dict[str, Any]:
         time.sleep(seconds)
         cpu = _cpu_seconds(pid) - cpu0
         wall = time.monotonic() - t0
+        idle_rss = _rss_mib(pid)
+        rss_by_cycle = _cycle_memory(d, cycles)
         return {
             "devices": 16,
             "idle_seconds": round(wall, 1),
             "idle_cpu_percent": round(100 * cpu / wall, 2),
-            "rss_mib": _rss_mib(pid),
+            "rss_mib": idle_rss,
+            "rss_mib_after_cycles": rss_by_cycle,
+            "rss_growth_mib_after_first_100": round(
+                rss_by_cycle[max(rss_by_cycle)] - rss_by_cycle[min(rss_by_cycle)], 1
+            ),
+            "rss_peak_mib": round(_status_kib(pid, "VmHWM") / 1024, 1),
         }
+
+
+def _cycle_memory(d: _Running, cycles: int, every: int = 100, concurrent: int = 8) -> dict[int, float]:
+    """RSS (MiB) after every `every` prepare/unprepare cycles, each block followed by a round of
+    `concurrent` claims prepared at once (one per GPU), as pods starting together."""
+    gpu = Request("gpu", "gpu.tandem.dev", lambda dev: attribute(dev, "type") == "gpu")
+    node, counter, out = d.node.profile.name, 0, {}
+
+    def claims(n: int, distinct: bool) -> list[ClaimRef]:
+        nonlocal counter
+        refs, taken = [], set[str]()
+        for _ in range(n):
+            counter += 1
+            claim = d.srv.create(claim_object("default", f"fp-{counter}", [gpu]))
+            claim = allocate(d.srv, claim, DRIVER, node, [gpu], taken=taken if distinct else None)
+            taken |= {r["device"] for r in claim["status"]["allocation"]["devices"]["results"]}
+            refs.append(ClaimRef("default", f"fp-{counter}", claim["metadata"]["uid"]))
+        return refs
+
+    def cycle(refs: list[ClaimRef]) -> None:
+        for uid, result in d.kubelet.prepare(refs).items():
+            if result.error:
+                raise RuntimeError(f"prepare of {uid} failed: {result.error}")
+        if any(d.kubelet.unprepare(refs).values()):
+            raise RuntimeError("unprepare failed")
+        for ref in refs:
+            d.srv.delete("resourceclaims", ref.name, ref.namespace)
+
+    with ThreadPoolExecutor(concurrent) as pool:
+        for done in range(every, cycles + 1, every):
+            for ref in claims(every, distinct=False):
+                cycle([ref])
+            list(pool.map(lambda ref: cycle([ref]), claims(concurrent, distinct=True)))
+            out[done] = _rss_mib(d.proc.pid)
+    return out
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -227,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "nic_address_to_slice": bench_nic_event_to_slice(),
         "flapping_debounced": bench_flapping(),
         "flapping_no_debounce": bench_flapping(debounce=0.0),
-        "footprint": bench_footprint(10 if args.quick else 60),
+        "footprint": bench_footprint(10 if args.quick else 60, 200 if args.quick else 1000),
     }
     json.dump(out, sys.stdout, indent=2)
     print()

@@ -2,9 +2,9 @@
 
 A function, not a test: hack/bench.py calls it; `python hack/bench_health.py` prints its result as
 JSON. It runs the monitor in-process against the fake pynvml on a rendered simulated node. The
-fake's event wait polls its events file every 20 ms, which bounds the latency from below here;
-with the real NVML the wait returns as the driver posts the event. The API side (inventory ->
-ResourceSlice taint) is measured separately.
+fake's event wait blocks until its events file changes (inotify), as the real NVML's wait returns
+as the driver posts the event. The API side (inventory -> ResourceSlice taint) is measured
+separately.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def bench_gpu_event_to_condition(events: int = 20, gpus: int = 8, timeout_s: flo
         "p50_ms": round(statistics.median(ms), 2),
         "p99_ms": round(_percentile(ms, 99), 2),
         "max_ms": round(max(ms), 2),
-        "note": "the fake NVML polls its event file every 20 ms",
+        "note": "the fake NVML's event wait blocks until its event file changes (inotify), as the real one blocks",
     }
 
 

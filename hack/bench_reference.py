@@ -5,13 +5,17 @@ is a Go driver on the official `k8s.io/dynamic-resource-allocation/kubeletplugin
 library most DRA drivers use. `hack/bench/` holds that driver in two modes:
 
 * minimal: the helper and one CDI spec per claim, nothing else (the floor of any Go driver);
-* tandem-work: the same driver doing what Tandem does per claim (a durable checkpoint record
-  before and after, the CDI spec, the helper's device metadata, the claim-status apply), so the
-  difference to Tandem is the cost of Python and of Tandem's code, not of the work.
+* tandem-work: the same driver doing what Tandem does per claim (a checkpoint record before and
+  after, the CDI spec, the helper's device metadata, the claim-status apply), so the difference
+  to Tandem is the cost of Python and of Tandem's code, not of the work. Its checkpoint is
+  fsynced as the issue defined it; `--go-checkpoint-no-fsync` makes it as boot-scoped as
+  Tandem's (driver/fsutil.py), so that only the helper's own metadata fsyncs remain.
 
 All three run at once against one simulated API server and node, each driven by its own
 simulated kubelet, and are measured in interleaved blocks so that load from other processes on a
-small machine falls on all of them alike. 1-GPU claims throughout. Figures:
+small machine falls on all of them alike. Their CDI directories are on a tmpfs (`/dev/shm`, when
+it is one), as `/var/run/cdi` is on real nodes; their data directories stay on the disk. 1-GPU
+claims throughout. Figures:
 
 * sequential prepare p50/p99 (and unprepare), over N prepare+unprepare cycles;
 * CPU per prepare: the driver process's CPU time across its prepare calls, twice: the scheduler's
@@ -177,8 +181,10 @@ class Subject:
 class SideBySide:
     """One simulated API server and node; Tandem and (with a binary) the two Go drivers on it."""
 
-    def __init__(self, root: Path, binary: Path | None) -> None:
+    def __init__(self, root: Path, binary: Path | None, go_checkpoint_fsync: bool = True) -> None:
         self.root = root
+        self.go_checkpoint_fsync = go_checkpoint_fsync
+        self.cdi_base = _tmpfs_dir() or root
         self.srv = SimApiServer().start()
         self.srv.add_node(NODE)
         self.kubeconfig = self.srv.write_kubeconfig(root / "kubeconfig")
@@ -197,21 +203,24 @@ class SideBySide:
     def _start_go(self, binary: Path, mode: str) -> None:
         driver = f"{mode}.ref.tandem.dev"
         base = self.root / mode
-        registry, plugins, cdi = base / "registry", base / "plugins", base / "cdi"
+        registry, plugins, cdi = base / "registry", base / "plugins", self.cdi_base / f"cdi-{mode}"
         for d in (registry, plugins, cdi):
             d.mkdir(parents=True)
         with open(base / "driver.log", "ab") as log:
             proc = subprocess.Popen(
                 [str(binary), "-mode", mode, "-driver-name", driver, "-node-name", NODE,
                  "-kubeconfig", str(self.kubeconfig), "-kubelet-registrar-dir", str(registry),
-                 "-kubelet-plugins-dir", str(plugins), "-cdi-root", str(cdi), "-gpus", str(GPUS)],
+                 "-kubelet-plugins-dir", str(plugins), "-cdi-root", str(cdi), "-gpus", str(GPUS),
+                 f"-checkpoint-fsync={str(self.go_checkpoint_fsync).lower()}"],
                 stdout=log, stderr=log,
             )  # fmt: skip
         self._register(f"{mode} Go", driver, proc, registry, GPUS)
 
     def _start_tandem(self) -> None:
         node = SimNode.create(self.root / "tandem", big_node(NODE, GPUS, NICS))
-        proc = node.start_daemon(self.kubeconfig, self.root / "tandem" / "daemon.log")
+        cdi = self.cdi_base / "cdi-tandem"
+        cdi.mkdir()
+        proc = node.start_daemon(self.kubeconfig, self.root / "tandem" / "daemon.log", "--cdi-root", str(cdi))
         self._register("Tandem", DRIVER, proc, node.registry, GPUS + NICS)
 
     def _register(self, label: str, driver: str, proc: subprocess.Popen, registry: Path, devices: int) -> None:
@@ -227,6 +236,8 @@ class SideBySide:
             s.kubelet.close()
             stop_daemon(s.proc)
         self.srv.stop()
+        if self.cdi_base != self.root:
+            shutil.rmtree(self.cdi_base, ignore_errors=True)
 
     # --- claims ---------------------------------------------------------------------------------
 
@@ -331,6 +342,17 @@ class SideBySide:
         return out
 
 
+def _tmpfs_dir() -> Path | None:
+    """A new directory on /dev/shm when that is a tmpfs (the CDI directories go there), else None."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    if not any(m.split()[1:3] == ["/dev/shm", "tmpfs"] for m in mounts if len(m.split()) > 2):
+        return None
+    return Path(tempfile.mkdtemp(prefix="tb-ref-cdi-", dir="/dev/shm"))
+
+
 def _add(acc: tuple[float, float], before: tuple[float, float], after: tuple[float, float]) -> tuple[float, float]:
     return acc[0] + after[0] - before[0], acc[1] + after[1] - before[1]
 
@@ -356,9 +378,9 @@ def _load() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
-def measure(plan: Plan, binary: Path | None) -> dict[str, Any]:
+def measure(plan: Plan, binary: Path | None, go_checkpoint_fsync: bool = True) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix="tb-ref-"))
-    bench = SideBySide(root, binary)
+    bench = SideBySide(root, binary, go_checkpoint_fsync)
     load_before = _load()
     try:
         subjects = bench.subjects
@@ -410,6 +432,7 @@ def measure(plan: Plan, binary: Path | None) -> dict[str, Any]:
                 "fsync_cycles": plan.fsync_cycles,
                 "idle_seconds": plan.idle_seconds,
                 "fsync_method": "strace -f -c -e trace=fsync,fdatasync -p PID" if shutil.which("strace") else "none",
+                "go_checkpoint_fsync": go_checkpoint_fsync,
             },
             "drivers": drivers,
         }
@@ -418,10 +441,10 @@ def measure(plan: Plan, binary: Path | None) -> dict[str, Any]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def bench_reference(quick: bool = False) -> dict[str, Any]:
+def bench_reference(quick: bool = False, go_checkpoint_fsync: bool = True) -> dict[str, Any]:
     """The side-by-side run: build (or find) the Go drivers, measure, add the table."""
     binary, why = build_reference()
-    out = measure(Plan.quick() if quick else Plan(), binary)
+    out = measure(Plan.quick() if quick else Plan(), binary, go_checkpoint_fsync)
     if binary is None:
         out["go_reference"] = f"not run: {why}"
     out["table"] = table(out)
@@ -478,7 +501,8 @@ def table(result: dict[str, Any]) -> str:
         f"1-GPU claims; {plan['sequential_cycles']} sequential cycles, {plan['concurrent_rounds']} rounds of "
         f"{plan['concurrency']} concurrent prepares, fsyncs over {plan['fsync_cycles']} cycles "
         f"({plan['fsync_method']}), idle over {plan['idle_seconds']:.0f} s; {machine['cpus']} CPUs, "
-        f"load {machine['load_before']} before, {machine['load_after']} after",
+        f"load {machine['load_before']} before, {machine['load_after']} after; tandem-work Go's checkpoint "
+        + ("fsynced" if plan.get("go_checkpoint_fsync", True) else "not fsynced (as Tandem's)"),
     ]
     if "go_reference" in result:
         lines.append(f"Go reference drivers {result['go_reference']}; Tandem's figures alone.")
@@ -499,8 +523,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer cycles and a shorter idle window")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON after the table")
+    parser.add_argument(
+        "--go-checkpoint-no-fsync", action="store_true", help="tandem-work Go: no fsync of its checkpoint, as Tandem"
+    )
     args = parser.parse_args(argv)
-    result = bench_reference(args.quick)
+    result = bench_reference(args.quick, go_checkpoint_fsync=not args.go_checkpoint_no_fsync)
     print(result["table"])
     if args.json:
         json.dump({k: v for k, v in result.items() if k != "table"}, sys.stdout, indent=2)

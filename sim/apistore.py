@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim import apissa, apivalidate
+from sim import apievents, apissa, apivalidate
 from sim.apierrors import (
     ApiError,
     already_exists,
@@ -70,6 +70,8 @@ class Store:
     history: int = 1000
     list_attributes_enabled: bool = True
     device_taints_enabled: bool = True
+    partitionable_devices_enabled: bool = True
+    consumable_capacity_enabled: bool = True
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _objects: dict[str, dict[Key, dict[str, Any]]] = field(
         default_factory=lambda: {t.plural: {} for t in RESOURCE_TYPES}
@@ -463,6 +465,8 @@ class Store:
                 problems += apivalidate.slice_problems(obj["spec"])
             if rtype.plural == "resourceclaims" and isinstance(obj.get("status"), dict):
                 problems += apivalidate.claim_status_problems(obj["status"])
+            if rtype.plural == "events":
+                problems += apievents.event_problems(obj, old)
         if problems:
             raise invalid(rtype.kind_group, name, problems, rtype.details(name))
         return obj
@@ -479,6 +483,23 @@ class Store:
             d.get("taints") for d in ((old.get("spec") or {}).get("devices") or [])
         )
         drop_taints = not self.device_taints_enabled and not old_uses_taints
+        old_spec = (old or {}).get("spec") or {}
+        old_uses_counters = bool(old_spec.get("sharedCounters")) or any(
+            d.get("consumesCounters") for d in old_spec.get("devices") or []
+        )
+        if not self.partitionable_devices_enabled and not old_uses_counters:
+            spec.pop("sharedCounters", None)  # the fields of DRAPartitionableDevices, dropped with it off
+            for device in spec.get("devices") or []:
+                if isinstance(device, dict):
+                    device.pop("consumesCounters", None)
+        old_uses_sharing = any(d.get("allowMultipleAllocations") for d in old_spec.get("devices") or [])
+        if not self.consumable_capacity_enabled and not old_uses_sharing:
+            for device in spec.get("devices") or []:  # the fields of DRAConsumableCapacity, dropped with it off
+                if isinstance(device, dict):
+                    device.pop("allowMultipleAllocations", None)
+                    for cap in (device.get("capacity") or {}).values():
+                        if isinstance(cap, dict):
+                            cap.pop("requestPolicy", None)
         stamp = now_rfc3339()
         for device in spec.get("devices") or []:
             if not isinstance(device, dict):
@@ -635,7 +656,11 @@ def _has_list_attribute(device: dict[str, Any]) -> bool:
 
 
 def _prepare_claim(obj: dict[str, Any], old: dict[str, Any] | None, problems: list[str]) -> dict[str, Any]:
-    """Request defaults on create; on deallocation, drop the device status entries of freed devices."""
+    """Request defaults on create; quantities canonical; on deallocation, drop the device status
+    entries of freed devices."""
+    for part in ("spec", "status"):
+        if isinstance(obj.get(part), dict):
+            obj[part] = apivalidate.rewrite_quantities(obj[part], part, problems, apivalidate.claim_quantity_path)
     if old is None:
         for request in ((obj.get("spec") or {}).get("devices") or {}).get("requests") or []:
             for sub in [request.get("exactly"), *(request.get("firstAvailable") or [])]:

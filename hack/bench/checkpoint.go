@@ -28,18 +28,21 @@ type claimRecord struct {
 	Devices   []deviceRecord `json:"devices"`
 }
 
-// checkpoint is Tandem's durable record of prepared claims, in the same shape: the whole file is
-// rewritten atomically on every change (temporary file, fsync, rename, directory fsync), under a
-// flock on serialize.lock as two instances of a rolling update would need.
+// checkpoint is Tandem's record of prepared claims, in the same shape: the whole file is
+// rewritten atomically on every change (temporary file, rename), under a flock on serialize.lock
+// as two instances of a rolling update would need. With fsync (the default) also durably: the
+// data and the directory are fsynced, as Tandem did before it found that a record discarded at
+// the next boot needs no fsync; -checkpoint-fsync=false makes the same decision as Tandem.
 type checkpoint struct {
 	mu     sync.Mutex
 	path   string
 	lock   string
 	bootID string
+	fsync  bool
 	claims map[string]claimRecord
 }
 
-func openCheckpoint(dataDir string) (*checkpoint, error) {
+func openCheckpoint(dataDir string, fsync bool) (*checkpoint, error) {
 	boot, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
 		return nil, err
@@ -48,6 +51,7 @@ func openCheckpoint(dataDir string) (*checkpoint, error) {
 		path:   filepath.Join(dataDir, "checkpoint.json"),
 		lock:   filepath.Join(dataDir, "serialize.lock"),
 		bootID: strings.TrimSpace(string(boot)),
+		fsync:  fsync,
 		claims: map[string]claimRecord{},
 	}
 	return c, c.update(func(map[string]claimRecord) {})
@@ -88,12 +92,12 @@ func (c *checkpoint) update(change func(map[string]claimRecord)) error {
 	if err != nil {
 		return err
 	}
-	return writeDurably(c.path, data, 0o600)
+	return writeAtomically(c.path, data, 0o600, c.fsync)
 }
 
-// writeDurably replaces path so that a crash leaves the old content or the new, never a torn
-// file, and the new content survives power loss once it returns.
-func writeDurably(path string, data []byte, perm os.FileMode) error {
+// writeAtomically replaces path so that a crash leaves the old content or the new, never a torn
+// file; with fsync, the new content also survives power loss once it returns.
+func writeAtomically(path string, data []byte, perm os.FileMode, fsync bool) error {
 	dir := filepath.Dir(path)
 	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".*.tmp")
 	if err != nil {
@@ -108,15 +112,20 @@ func writeDurably(path string, data []byte, perm os.FileMode) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
+	if fsync {
+		if err := tmp.Sync(); err != nil {
+			tmp.Close()
+			return err
+		}
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
 	if err := os.Rename(tmp.Name(), path); err != nil {
 		return err
+	}
+	if !fsync {
+		return nil
 	}
 	d, err := os.Open(dir)
 	if err != nil {

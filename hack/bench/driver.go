@@ -36,7 +36,7 @@ type driver struct {
 
 var _ kubeletplugin.DRAPlugin = (*driver)(nil)
 
-func newDriver(mode, name, node, dataDir, cdiRoot string, client kubernetes.Interface, devices []resourceapi.Device) (*driver, error) {
+func newDriver(mode, name, node, dataDir, cdiRoot string, fsync bool, client kubernetes.Interface, devices []resourceapi.Device) (*driver, error) {
 	// No auto-refresh: the example driver's registry also watches the directory and re-reads
 	// every spec after each write, which a driver that only writes specs does not need.
 	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(cdiRoot), cdiapi.WithAutoRefresh(false))
@@ -56,7 +56,7 @@ func newDriver(mode, name, node, dataDir, cdiRoot string, client kubernetes.Inte
 		d.devices[dev.Name] = dev
 	}
 	if d.work {
-		if d.ckpt, err = openCheckpoint(dataDir); err != nil {
+		if d.ckpt, err = openCheckpoint(dataDir, fsync); err != nil {
 			return nil, err
 		}
 	}

@@ -7,9 +7,10 @@
 //
 //   - minimal: one CDI spec per claim, written with the CDI library as the example driver does;
 //     nothing else.
-//   - tandem-work: Tandem's per-claim work: a checkpoint record written durably before and after,
-//     the CDI spec, device metadata (the helper's own writer), and the claim's status.devices by
-//     server-side apply; unprepare removes the files, clears the status and drops the record.
+//   - tandem-work: Tandem's per-claim work: a checkpoint record written before and after (durably
+//     unless -checkpoint-fsync=false), the CDI spec, device metadata (the helper's own writer),
+//     and the claim's status.devices by server-side apply; unprepare removes the files, clears the
+//     status and drops the record.
 //
 // It is a yardstick, not a product: no health, no rediscovery, GPUs are made up from -gpus.
 package main
@@ -53,6 +54,7 @@ func run() error {
 	qps := flag.Float64("kube-api-qps", 1000, "client QPS: high, so client-side throttling never dominates")
 	burst := flag.Int("kube-api-burst", 1000, "client burst")
 	serialize := flag.Bool("serialize", true, "let the helper serialise prepare and unprepare calls (its default)")
+	fsync := flag.Bool("checkpoint-fsync", true, "tandem-work: fsync the checkpoint (and its directory) on every write")
 	flag.Parse()
 	if *driverName == "" || *nodeName == "" || *kubeconfig == "" {
 		return fmt.Errorf("-driver-name, -node-name and -kubeconfig are required")
@@ -80,7 +82,7 @@ func run() error {
 		}
 	}
 	devices := makeGPUs(*gpus)
-	drv, err := newDriver(*mode, *driverName, *nodeName, dataDir, *cdiRoot, client, devices)
+	drv, err := newDriver(*mode, *driverName, *nodeName, dataDir, *cdiRoot, *fsync, client, devices)
 	if err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import stat
@@ -24,6 +25,7 @@ from cdi import (
     remove_spec,
     remove_temp_files,
     spec_filename,
+    update_spec,
     write_spec,
 )
 
@@ -131,21 +133,38 @@ def test_a_temporary_file_being_written_is_left_to_its_writer(tmp_path: Path, mo
     assert swept == [] and read_spec(path) == _spec()
 
 
-def test_a_temporary_file_swept_before_its_writer_locked_it_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    real_mkstemp = tempfile.mkstemp
-    calls: list[str] = []
+def test_a_temporary_file_swept_before_its_writer_locked_it_is_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    real_flock = fcntl.flock
+    created: list[str] = []
 
-    def mkstemp_then_sweep(**kwargs: str) -> tuple[int, str]:
-        fd, name = real_mkstemp(**kwargs)
-        calls.append(name)
-        if len(calls) == 1:
-            assert remove_temp_files(tmp_path) == [Path(name)]
-        return fd, name
+    def sweep_then_flock(fd: int, op: int) -> None:
+        if op == fcntl.LOCK_EX:  # the writer locking its new temporary file (the sweep never blocks)
+            created.append(os.readlink(f"/proc/self/fd/{fd}"))
+            if len(created) == 1:
+                assert remove_temp_files(tmp_path) == [Path(created[0])]
+        real_flock(fd, op)
 
-    monkeypatch.setattr(tempfile, "mkstemp", mkstemp_then_sweep)
+    monkeypatch.setattr(fcntl, "flock", sweep_then_flock)
     path = write_spec(tmp_path, _spec(), "x.json")
-    assert len(calls) == 2 and read_spec(path) == _spec()
+    assert len(created) == 2 and read_spec(path) == _spec()
     assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_durable_writes_and_removals_fsync_the_file_and_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    synced: list[str] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.readlink(f"/proc/self/fd/{fd}")), real_fsync(fd)))
+    write_spec(tmp_path, _spec(), "x.json")  # durable: the library's default (a static spec)
+    assert len(synced) == 2 and synced[0].startswith(f"{tmp_path}/.x.json.") and synced[1] == str(tmp_path)
+    remove_spec(tmp_path, "x.json")
+    assert synced[2:] == [str(tmp_path)]
+    synced.clear()
+    assert update_spec(tmp_path, _spec(), "y.json", durable=False) is True  # atomic only (a transient spec)
+    assert update_spec(tmp_path, _spec(), "y.json", durable=False) is False  # unchanged: not rewritten
+    remove_spec(tmp_path, "y.json", durable=False)
+    assert synced == []
 
 
 def test_overwrite_replaces_the_content(tmp_path: Path):

@@ -145,6 +145,27 @@ def test_a_bad_type_is_reported_not_crashed_on():
     _fails(spec, "devices[0].containerEdits.env[0]", "expected a string")
 
 
+def test_spec_level_edits_are_checked_every_time_though_remembered():
+    """The spec-level edits' problems are remembered by value (a driver's specs share them): every
+    spec that carries the same bad edits still fails, in load order, and a good spec still passes."""
+    bad = ContainerEdits(env=["X"], mounts=[Mount(host_path="/a", container_path="relative")])
+    for _ in range(3):
+        spec = Spec(cdi_version="0.5.0", kind="vendor.example.com/gpu", devices=[Device("d", ENV)], container_edits=bad)
+        assert [p.field for p in problems(spec)] == ["containerEdits.env[0]", "containerEdits.mounts[0].containerPath"]
+        assert [p.field for p in problems(spec, strict=False)] == ["containerEdits.env[0]"]
+    good = Spec(cdi_version="0.5.0", kind="vendor.example.com/gpu", devices=[Device("d", ENV)], container_edits=ENV)
+    validate(good)
+    validate(good)
+
+
+def test_spec_level_edits_of_the_wrong_type_are_reported_unhashable_or_not():
+    for edits in (ContainerEdits(env=[42]), ContainerEdits(env=[["A=1"]])):  # type: ignore[list-item]
+        spec = Spec(
+            cdi_version="0.5.0", kind="vendor.example.com/gpu", devices=[Device("d", ENV)], container_edits=edits
+        )
+        _fails(spec, "containerEdits.env[0]", "expected a string")
+
+
 def test_problems_lists_them_all():
     spec = _spec(ContainerEdits(env=["X"], device_nodes=[DeviceNode(path="")]), kind="bad")
     assert [p.field for p in problems(spec)] == [

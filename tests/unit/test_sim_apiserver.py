@@ -696,7 +696,7 @@ def test_unknown_paths_answer_404_status(srv: SimApiServer) -> None:
 def test_discovery_documents(srv: SimApiServer, api_client: client.ApiClient) -> None:
     assert client.VersionApi(api_client).get_code().minor == "37"
     groups = client.ApisApi(api_client).get_api_versions().groups
-    assert [g.name for g in groups] == ["resource.k8s.io"]
+    assert [g.name for g in groups] == ["events.k8s.io", "resource.k8s.io"]
     names = {r.name for r in client.ResourceV1Api(api_client).get_api_resources().resources}
     assert {"resourceslices", "resourceclaims", "resourceclaims/status", "deviceclasses"} <= names
     with urllib.request.urlopen(srv.url + "/api", timeout=5) as resp:
