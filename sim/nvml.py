@@ -31,9 +31,35 @@ def _replace(path: Path, text: str) -> None:
     atomic_write(path, text.encode())
 
 
-def write_state(profile: NodeProfile, path: Path) -> None:
-    """Give the fake NVML this node (replacing any previous state in one step)."""
-    _replace(path, profile.to_json())
+def write_state(profile: NodeProfile, path: Path, proc_root: Path | None = None) -> None:
+    """Give the fake NVML this node (replacing any previous state in one step).
+
+    `proc_root` is the node's rendered /proc, where the fake makes and removes the capability files
+    of the MIG devices it creates, as the kernel driver does; without it the state keeps the one it
+    had (a rewrite of the hardware does not move /proc).
+    """
+    data = json.loads(profile.to_json())
+    if proc_root is None and path.exists():
+        with contextlib.suppress(ValueError, OSError):
+            proc_root = json.loads(path.read_text()).get("proc_root")
+    if proc_root:
+        data["proc_root"] = str(proc_root)
+    _replace(path, json.dumps(data, indent=2))
+
+
+def read_state(path: Path) -> NodeProfile:
+    """The node as the fake NVML holds it now, MIG devices made or destroyed through it included."""
+    raw = json.loads(path.read_text())
+    raw.pop("proc_root", None)
+    return NodeProfile.from_dict(raw)
+
+
+def hung_at(state_path: Path) -> str:
+    """The step a GPU's `nvml_hang` stopped a caller at (`before:<function>`), or "" while none has."""
+    try:
+        return state_path.with_name(state_path.name + ".hung").read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def write_driver_unloaded(path: Path) -> None:
@@ -148,6 +174,23 @@ def reset_gpu(profile: NodeProfile, state_path: Path, index: int) -> None:
         gpu.recovery_action = 0
     gpu.remapped_rows_pending = False
     write_state(profile, state_path)
+
+
+def set_mig_mode(state_path: Path, index: int, enabled: bool) -> NodeProfile:
+    """`nvidia-smi -i <index> -mig 1|0`: refused while a process holds the GPU, as the driver
+    refuses it, and leaving MIG mode also while GPU instances exist on it. Returns the new node."""
+    profile = read_state(state_path)
+    gpu = profile.gpus[index]
+    if not gpu.mig_capable:
+        raise ValueError(f"GPU {gpu.pci_bus_id} does not support MIG")
+    users = sorted(c.pid for c in nvml_clients(state_path).values() if gpu.uuid in c.attached)
+    if users:
+        raise DeviceInUse(f"GPU {gpu.pci_bus_id} is in use by process(es) {users}")
+    if not enabled and gpu.mig_devices:
+        raise DeviceInUse(f"GPU {gpu.pci_bus_id} has {len(gpu.mig_devices)} GPU instance(s): destroy them first")
+    gpu.mig_mode = enabled
+    write_state(profile, state_path)
+    return profile
 
 
 def unload_driver(state_path: Path) -> None:

@@ -17,10 +17,13 @@ devices.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Collection
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from driver.discovery.dynamic_mig import DynamicMigReader, publish
 from driver.discovery.gpu_attributes import (
     ARCHITECTURES,
     BRANDS,
@@ -29,6 +32,7 @@ from driver.discovery.gpu_attributes import (
     fit_limits,
     semver,
 )
+from driver.discovery.gpudirect import gpu_attributes, read_gpudirect
 from driver.discovery.mig import MigReader
 from driver.discovery.nvml import (
     ERROR_NOT_SUPPORTED,
@@ -39,8 +43,8 @@ from driver.discovery.nvml import (
     shutdown_nvml,
     text,
 )
-from driver.discovery.topology import pci_bus_id, topology_attributes
-from driver.model import AttrValue, Device, DeviceKind, GpuInfo, Version
+from driver.discovery.topology import Topology, pci_bus_id, topology
+from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, Version
 from driver.resource_api import MAX_VALUE_LENGTH
 
 log = logging.getLogger(__name__)
@@ -62,11 +66,20 @@ class GpuDiscovery:
         *,
         proc_root: Path = Path("/proc"),
         driver_root: Path = Path("/"),
+        dynamic_mig: Callable[[int, str], bool] = lambda minor, uuid: False,
+        owned_placements: Callable[[], Collection[MigPlacement]] = frozenset,
+        mig_generation: Callable[[], int] = lambda: 0,
     ) -> None:
         self.sysfs_root = sysfs_root
         self.list_attributes = list_attributes
         self.proc_root = proc_root
         self.driver_root = driver_root
+        # Dynamic MIG (`dynamic_mig`): which GPUs (by minor, UUID), the placements whose GPU
+        # instances Tandem made (read after NVML, so an instance seen was recorded before it was
+        # made), and a count of this process's MIG changes: a pass that overlapped one is redone.
+        self.dynamic_mig = dynamic_mig
+        self.owned_placements = owned_placements
+        self.mig_generation = mig_generation
         # Last devices published per GPU (PCI address): a GPU that stops answering NVML but is
         # still on the PCI bus (fallen off after XID 79, wedged) stays published, so the health
         # monitor's gpu-lost taint stays on it and evicts its pods instead of vanishing with it.
@@ -75,8 +88,13 @@ class GpuDiscovery:
     def discover(self) -> list[Device]:
         nvml = init_nvml(self.driver_root)
         try:
-            session = _Session(self, nvml)
-            return self._keep_unreadable(session.devices(), session.read_bdfs)
+            for _ in range(3):
+                generation = self.mig_generation()
+                session = _Session(self, nvml)
+                devices = session.devices()
+                if self.mig_generation() == generation:
+                    break
+            return self._keep_unreadable(devices, session.read_bdfs)
         finally:
             shutdown_nvml(nvml)
 
@@ -153,6 +171,7 @@ class _Session:
         cuda = optional(nvml, "system", "cudaDriverVersion", get_cuda)
         if cuda is not None and (cuda_text := cuda_version(int(cuda))) is not None:
             attrs["cudaDriverVersion"] = Version(cuda_text)
+        attrs.update(gpu_attributes(read_gpudirect(self.config.sysfs_root, self.config.proc_root)))
         return attrs
 
     def _gpu(self, index: int, system: dict[str, AttrValue]) -> list[Device]:
@@ -178,10 +197,12 @@ class _Session:
         if bdf:
             self.read_bdfs.add(bdf)
         common = {**self._properties(where, handle), **system}
-        if bdf:
-            common.update(topology_attributes(self.config.sysfs_root, bdf, self.config.list_attributes))
-        if mig_mode:
-            return self.mig.devices(where, handle, minor, uuid, bdf, common)
+        topo = topology(self.config.sysfs_root, bdf, self.config.list_attributes) if bdf else Topology({})
+        common.update(topo.attributes)
+        dynamic = mig_mode and self.config.dynamic_mig(minor, uuid)
+        if mig_mode and not dynamic:
+            migs = self.mig.devices(where, handle, minor, uuid, bdf, common)
+            return [replace(d, pcie_path=topo.pcie_path) for d in migs]
 
         attrs: dict[str, AttrValue] = {"type": "gpu", "uuid": uuid, **common}
         if self.config.list_attributes and mig_capable:
@@ -193,15 +214,31 @@ class _Session:
         if memory is not None:
             caps["memory"] = binary_quantity(int(memory.total))
         name = f"gpu-{minor}"
-        return [
-            Device(
-                name=name,
-                kind=DeviceKind.GPU,
-                attributes=fit_limits(name, attrs, caps),
-                capacity=caps,
-                gpu=GpuInfo(minor=minor, uuid=uuid, pci_bus_id=bdf),
-            )
-        ]
+        whole = Device(
+            name=name,
+            kind=DeviceKind.GPU,
+            attributes=fit_limits(name, attrs, caps),
+            capacity=caps,
+            gpu=GpuInfo(minor=minor, uuid=uuid, pci_bus_id=bdf),
+            pcie_path=topo.pcie_path,
+        )
+        return self._dynamic(where, handle, whole, common) if dynamic else [whole]
+
+    def _dynamic(self, where: str, handle: Any, whole: Device, common: dict[str, AttrValue]) -> list[Device]:
+        """A dynamic-MIG GPU (`driver.discovery.dynamic_mig`); its MIG devices alone when NVML cannot
+        tell its profiles, placements or instances."""
+        assert whole.gpu is not None
+        minor, uuid, bdf = whole.gpu.minor, whole.gpu.uuid, whole.gpu.pci_bus_id
+        migs = self.mig.devices(where, handle, minor, uuid, bdf, common, dynamic=True)
+        migs = [replace(d, pcie_path=whole.pcie_path) for d in migs]
+        reader = DynamicMigReader(self.nvml)
+        try:
+            profiles = reader.profiles(where, handle)
+            instances = reader.instances(where, handle, profiles)
+        except DeviceSkipped as e:
+            log.warning("%s: not served as dynamic MIG, only its MIG devices: %s", where, e.args[1])
+            return migs
+        return publish(minor, uuid, whole, profiles, instances, migs, self.config.owned_placements())
 
     def _bus_id(self, where: str, handle: Any) -> str:
         info = optional(self.nvml, where, "PCI attributes", self.nvml.nvmlDeviceGetPciInfo, handle)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -68,6 +69,17 @@ def parse_mig_device_name(name: str) -> MigName | None:
     return MigName(int(m.group(1)), m.group(2), int(m.group(3)), int(m.group(4)))
 
 
+def gpu_instance_profiles(nvml: ModuleType, handle: Any) -> Iterator[Any]:
+    """nvmlGpuInstanceProfileInfo of each GPU instance profile the GPU supports (every
+    NVML_GPU_INSTANCE_PROFILE_* value is asked; NVML refuses those it has not). Other failures raise."""
+    for profile in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GPU_INSTANCE_PROFILE_COUNT))):
+        try:
+            yield nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
+        except nvml.NVMLError as e:
+            if e.value not in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
+                raise
+
+
 class MigReader:
     """Reads MIG devices and GPU instance profiles through one initialised NVML."""
 
@@ -77,25 +89,27 @@ class MigReader:
 
     def supported_profiles(self, where: str, handle: Any) -> list[str]:
         """Names of the GPU instance profiles this GPU supports (e.g. "1g.10gb"), smallest first."""
-        nvml = self.nvml
-        count = int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GPU_INSTANCE_PROFILE_COUNT))
         found: dict[str, tuple[int, int]] = {}
-        for profile_id in range(count):
-            try:
-                info = nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile_id)
-            except nvml.NVMLError as e:
-                if e.value in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
-                    continue
-                log.warning("%s: GPU instance profile %d: %s; migProfiles may be incomplete", where, profile_id, e)
-                break
-            name = text(info.name).removeprefix("MIG ").strip()
-            if name and len(name) <= MAX_VALUE_LENGTH:
-                found.setdefault(name, (int(info.sliceCount), int(info.memorySizeMB)))
+        try:
+            for info in gpu_instance_profiles(self.nvml, handle):
+                name = text(info.name).removeprefix("MIG ").strip()
+                if name and len(name) <= MAX_VALUE_LENGTH:
+                    found.setdefault(name, (int(info.sliceCount), int(info.memorySizeMB)))
+        except self.nvml.NVMLError as e:
+            log.warning("%s: GPU instance profiles: %s; migProfiles may be incomplete", where, e)
         return sorted(found, key=lambda n: (*found[n], n))
 
     def devices(
-        self, where: str, handle: Any, minor: int, uuid: str, bdf: str, common: dict[str, AttrValue]
+        self,
+        where: str,
+        handle: Any,
+        minor: int,
+        uuid: str,
+        bdf: str,
+        common: dict[str, AttrValue],
+        dynamic: bool = False,
     ) -> list[Device]:
+        """The GPU's MIG devices. `dynamic`: Tandem makes them on demand, so none is no stranded capacity."""
         nvml = self.nvml
         try:
             slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
@@ -116,7 +130,7 @@ class MigReader:
             except DeviceSkipped as e:
                 failed += 1
                 log.warning("%s: MIG device skipped: %s", where, e.args[1])
-        if not devices and not failed:
+        if not devices and not failed and not dynamic:
             log.warning("%s is in MIG mode but has no MIG devices: its capacity is stranded", where)
         return devices
 

@@ -18,14 +18,23 @@ rewriting it. No variable, no file, or `{"driver_loaded": false}` means the kern
 loaded (`nvmlInit` raises `NVMLError_DriverNotLoaded`).
 
 Injected failures (per GPU, from the profile): `nvml_errors` maps a function name to an
-`NVML_ERROR_*` code raised by that function for that GPU and its MIG devices; `lost` makes every
-call on the GPU raise `NVML_ERROR_GPU_IS_LOST`.
+`NVML_ERROR_*` code raised by that function for that GPU, its MIG devices and its GPU and compute
+instances; `lost` makes every call on the GPU raise `NVML_ERROR_GPU_IS_LOST`; `nvml_hang`
+("before:<function>" / "after:<function>") blocks a MIG-changing call at that step until cleared,
+so a test can kill the caller there.
+
+MIG management (section "MIG" below): GPU instance profiles from the GPU's profile table, their
+possible placements, GPU and compute instances made and destroyed with NVML's placement rules and
+return codes, the kernel driver's capability files in the node's /proc (the state's `proc_root`),
+and every change written back to the state file, since the hardware outlives the process.
 
 Events: `<state file>.events` holds one JSON object per line
 (`{"uuid": ..., "event_type": ..., "event_data": ..., "gi": ..., "ci": ...}`), appended by
 `sim.nvml.append_event`. An event set sees the lines appended after its creation for the
-devices registered on it; `nvmlEventSetWait_v2` polls the file until one arrives or the timeout,
-and fails with `NVML_ERROR_GPU_IS_LOST` while a GPU registered on the set is lost. ECC events
+devices registered on it; `nvmlEventSetWait_v2` blocks until one arrives or the timeout, as the
+real wait blocks in the kernel driver (an inotify watch on the state file's directory wakes it when
+the events or the state file change: no polling), and fails with `NVML_ERROR_GPU_IS_LOST` while a
+GPU registered on the set is lost. ECC events
 count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC events of that type
 raised on the GPU, as the driver counts the error it reports.
 
@@ -54,13 +63,22 @@ place of a vendor library.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import fcntl
 import json
 import os
+import select
+import shutil
 import string
 import sys
 import threading
 import time
+import uuid as uuid_module
+import weakref
+from collections.abc import Callable
 from ctypes import (
+    POINTER,
     Structure,
     Union,
     c_char,
@@ -73,6 +91,7 @@ from ctypes import (
     c_ulong,
     c_ulonglong,
     c_ushort,
+    pointer,
 )
 from typing import Any, NoReturn
 
@@ -388,6 +407,22 @@ class c_nvmlDeviceAttributes(Structure):
     ]
 
 
+class c_nvmlGpuInstanceProfileInfo_t(Structure):
+    _fields_ = [
+        ("id", c_uint),
+        ("isP2pSupported", c_uint),
+        ("sliceCount", c_uint),
+        ("instanceCount", c_uint),
+        ("multiprocessorCount", c_uint),
+        ("copyEngineCount", c_uint),
+        ("decoderCount", c_uint),
+        ("encoderCount", c_uint),
+        ("jpegCount", c_uint),
+        ("ofaCount", c_uint),
+        ("memorySizeMB", c_ulonglong),
+    ]
+
+
 class c_nvmlGpuInstanceProfileInfo_v2_t(Structure):
     _fields_ = [
         ("version", c_uint),
@@ -444,9 +479,10 @@ class c_nvmlEventData_t:
 
 
 class c_nvmlEventSet_t:
-    def __init__(self, cursor: int) -> None:
+    def __init__(self, cursor: int, changes: _Changes) -> None:
         self.cursor = cursor  # byte offset into the events file
         self.registered: dict[str, int] = {}  # GPU UUID -> event type mask
+        self.changes = changes  # wakes a waiter when the events or state file changes
 
 
 # --- simulated state -----------------------------------------------------------------------------
@@ -552,9 +588,11 @@ def _resolve(func: str, handle: c_nvmlDevice_t) -> tuple[dict[str, Any], dict[st
 
 
 def _migs(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    """The MIG devices: compute instances (a GPU instance without one is no MIG device yet)."""
     if not gpu.get("mig_mode"):
         return []
-    return sorted(gpu.get("mig_devices", []), key=lambda m: (m["gi_id"], m["ci_id"]))
+    made = [m for m in gpu.get("mig_devices", []) if m.get("ci_id") is not None]
+    return sorted(made, key=lambda m: (m["gi_id"], m["ci_id"]))
 
 
 def _full_gpu(func: str, handle: c_nvmlDevice_t) -> dict[str, Any]:
@@ -715,30 +753,119 @@ def nvmlDeviceGetPciInfo(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
     return nvmlDeviceGetPciInfo_v3(handle)
 
 
-# --- MIG -----------------------------------------------------------------------------------------
+# --- MIG: profiles, placements, GPU instances and compute instances -------------------------------
+#
+# The GPU's profile table (`mig_profiles`, a sim.profile.MigProfileSpec per profile) is its NVML
+# geometry. A GPU instance occupies `size` memory slices from a possible placement `start`; NVML
+# refuses one that overlaps another (INSUFFICIENT_RESOURCES), one over its profile's instanceCount,
+# one that needs more compute slices or OFA engines than are left, a placement the profile does not
+# have (INVALID_ARGUMENT), and anything while MIG mode is off (NOT_SUPPORTED). Its ID is the GPU's
+# hardware slot for that memory span (swizzle ID: 0 the whole GPU; 1-2 halves; 3-6 quarters; 7-14
+# eighths), as `nvidia-smi mig -lgi` shows. A compute instance makes the MIG device (UUID, name,
+# `/proc/driver/nvidia/capabilities/gpu<m>/mig/gi<g>/ci<c>/access`); destroying a GPU instance that
+# still has compute instances is NVML_ERROR_IN_USE. Every change is written back to the state file
+# (under `<state>.lock`): the hardware outlives the process that changed it.
 
-# GPU instance profile IDs a profile name may take, by slice count (base profile first).
-_PROFILE_IDS_BY_SLICES: dict[int, list[int]] = {
-    1: [0x0, 0x9, 0x7, 0xD, 0xF, 0xA],
-    2: [0x1, 0x8, 0xE, 0x10, 0xB],
-    3: [0x2, 0x11],
-    4: [0x3, 0xC],
-    6: [0x6],
-    7: [0x4],
-    8: [0x5],
-}
+NVML_COMPUTE_INSTANCE_PROFILE_1_SLICE = 0x0
+NVML_COMPUTE_INSTANCE_PROFILE_2_SLICE = 0x1
+NVML_COMPUTE_INSTANCE_PROFILE_3_SLICE = 0x2
+NVML_COMPUTE_INSTANCE_PROFILE_4_SLICE = 0x3
+NVML_COMPUTE_INSTANCE_PROFILE_7_SLICE = 0x4
+NVML_COMPUTE_INSTANCE_PROFILE_COUNT = 0x9
+NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED = 0x0
+nvmlComputeInstanceProfileInfo_v2 = 0x02000088
+
+_CI_SLICES = {0x0: 1, 0x1: 2, 0x2: 3, 0x3: 4, 0x4: 7}  # the compute instance profiles modelled
+_DRIVER_PROFILE_COUNT = 0x11  # GPU instance profile enums a 580 driver knows (H200, 580.159.04)
 _MAX_SLICES = 7
+_GPU_UUID_SIZE = NVML_DEVICE_UUID_V2_BUFFER_SIZE
 
 
-def _profile_table(gpu: dict[str, Any]) -> dict[int, str]:
-    """Map GPU instance profile IDs to the GPU's supported profile names (e.g. "1g.10gb")."""
-    table: dict[int, str] = {}
-    for name in gpu.get("mig_profiles", []):
-        slices = _gi_slices(name)
-        free = [i for i in _PROFILE_IDS_BY_SLICES.get(slices, []) if i not in table]
-        if free:
-            table[free[0]] = name
-    return table
+class c_nvmlGpuInstancePlacement_t(Structure):
+    _fields_ = [("start", c_uint), ("size", c_uint)]
+
+
+class c_nvmlComputeInstancePlacement_t(Structure):
+    _fields_ = [("start", c_uint), ("size", c_uint)]
+
+
+class c_nvmlComputeInstanceProfileInfo_v2_t(Structure):
+    _fields_ = [
+        ("version", c_uint),
+        ("id", c_uint),
+        ("sliceCount", c_uint),
+        ("instanceCount", c_uint),
+        ("multiprocessorCount", c_uint),
+        ("sharedCopyEngineCount", c_uint),
+        ("sharedDecoderCount", c_uint),
+        ("sharedEncoderCount", c_uint),
+        ("sharedJpegCount", c_uint),
+        ("sharedOfaCount", c_uint),
+        ("name", c_char * NVML_DEVICE_NAME_V2_BUFFER_SIZE),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(version=nvmlComputeInstanceProfileInfo_v2)
+
+
+class struct_c_nvmlGpuInstance_t(Structure):
+    """Opaque in the real binding; here it names the instance, so a handle outlives state reloads."""
+
+    _fields_ = [("gpu_uuid", c_char * _GPU_UUID_SIZE), ("id", c_uint)]
+
+
+c_nvmlGpuInstance_t = POINTER(struct_c_nvmlGpuInstance_t)
+
+
+class struct_c_nvmlComputeInstance_t(Structure):
+    _fields_ = [("gpu_uuid", c_char * _GPU_UUID_SIZE), ("gi", c_uint), ("id", c_uint)]
+
+
+c_nvmlComputeInstance_t = POINTER(struct_c_nvmlComputeInstance_t)
+
+
+class c_nvmlGpuInstanceInfo_t:
+    """Same field names as the real structure; `device` holds a handle object."""
+
+    def __init__(self, device: c_nvmlDevice_t, id: int, profileId: int, start: int, size: int) -> None:
+        self.device = device
+        self.id = id
+        self.profileId = profileId
+        self.placement = c_nvmlGpuInstancePlacement_t(start, size)
+
+
+class c_nvmlComputeInstanceInfo_t:
+    def __init__(self, device: c_nvmlDevice_t, gi: Any, id: int, profileId: int, start: int, size: int) -> None:
+        self.device = device
+        self.gpuInstance = gi
+        self.id = id
+        self.profileId = profileId
+        self.placement = c_nvmlComputeInstancePlacement_t(start, size)
+
+
+_instance_handles: dict[tuple[str, int, int], Structure] = {}  # kept alive, as NVML keeps its own
+
+
+def _gi_handle(uuid: str, gi: int) -> Any:
+    key = (uuid, gi, -1)
+    if key not in _instance_handles:
+        _instance_handles[key] = struct_c_nvmlGpuInstance_t(uuid.encode(), gi)
+    return pointer(_instance_handles[key])
+
+
+def _ci_handle(uuid: str, gi: int, ci: int) -> Any:
+    key = (uuid, gi, ci)
+    if key not in _instance_handles:
+        _instance_handles[key] = struct_c_nvmlComputeInstance_t(uuid.encode(), gi, ci)
+    return pointer(_instance_handles[key])
+
+
+def _target(ref: Any) -> Any:
+    """What a `byref(x)` or `pointer(x)` argument points to (or `x` itself)."""
+    obj = getattr(ref, "_obj", None)
+    if obj is not None:
+        return obj
+    return ref.contents if hasattr(ref, "contents") else ref
 
 
 def _gi_slices(profile: str) -> int:
@@ -749,12 +876,118 @@ def _gi_slices(profile: str) -> int:
     return 0
 
 
-def _profile_gb(profile: str) -> int:
-    for part in profile.split("."):
-        head = part.split("+")[0].split("-")[0]
-        if head.endswith("gb") and head[:-2].isdigit():
-            return int(head[:-2])
-    return 0
+def _ci_slices(profile: str) -> int:
+    """Compute slices of the compute instance: "1c.2g.20gb" -> 1, a whole instance's "2g.20gb" -> 2."""
+    head = profile.split(".")[0]
+    return int(head[:-1]) if head.endswith("c") and head[:-1].isdigit() else _gi_slices(profile)
+
+
+def _table(gpu: dict[str, Any]) -> list[dict[str, Any]]:
+    return list(gpu.get("mig_profiles", [])) if gpu.get("mig_capable") else []
+
+
+def _profile_of(gpu: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The GPU instance profile of a MIG device name ("1c.3g.40gb" is a compute instance of 3g.40gb)."""
+    gi_name = name.split(".", 1)[1] if name.split(".")[0].endswith("c") else name
+    return next((p for p in _table(gpu) if p["name"] == gi_name), None)
+
+
+def _gis(gpu: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """GPU instance ID -> its entries (one per compute instance; one with ci_id None before any)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for m in gpu.get("mig_devices", []) if gpu.get("mig_mode") else []:
+        out.setdefault(int(m["gi_id"]), []).append(m)
+    return out
+
+
+def _gi_id(start: int, size: int) -> int:
+    return {8: 0, 4: 1 + start // 4, 2: 3 + start // 2}.get(size, 7 + start)
+
+
+def _mig_gpu(func: str, device: c_nvmlDevice_t, *, mig_mode: bool = True) -> dict[str, Any]:
+    gpu = _full_gpu(func, device)
+    if not gpu.get("mig_capable") or (mig_mode and not gpu.get("mig_mode")):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return gpu
+
+
+def _instance(func: str, handle: Any, *, ci: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]], int]:
+    """The GPU, the GPU instance's entries and the compute instance ID (-1) behind a handle."""
+    kind = c_nvmlComputeInstance_t if ci else c_nvmlGpuInstance_t
+    if not isinstance(handle, kind) or not handle:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    inst = handle.contents
+    gpu = _mig_gpu(func, c_nvmlDevice_t(inst.gpu_uuid.decode()))
+    gi = int(inst.gi if ci else inst.id)
+    entries = _gis(gpu).get(gi)
+    if entries is None or (ci and not any(m["ci_id"] == inst.id for m in entries)):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)  # destroyed since: the handle is stale
+    return gpu, entries, int(inst.id) if ci else -1
+
+
+def _hang(uuid: str, when: str, func: str) -> None:
+    """Block while the GPU's `nvml_hang` names this step, saying so in `<state>.hung` (tests kill here)."""
+    step = f"{when}:{func}"
+    gpu = _find_gpu(uuid)
+    if gpu is None or gpu.get("nvml_hang") != step:
+        return
+    with open(_state_path + ".hung", "w", encoding="utf-8") as f:
+        f.write(step + "\n")
+    while True:
+        time.sleep(0.02)
+        try:
+            with open(_state_path, encoding="utf-8") as f:
+                gpus = json.load(f).get("gpus", [])
+        except (OSError, ValueError):
+            continue
+        if not any(g.get("uuid") == uuid and g.get("nvml_hang") == step for g in gpus):
+            return
+
+
+def _change(func: str, uuid: str, change: Callable[[dict[str, Any]], Any]) -> Any:
+    """Apply `change` to the GPU in the state file, read fresh and written back under its lock."""
+    _hang(uuid, "before", func)
+    with _lock:
+        fd = os.open(_state_path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            _load(_state_path)
+            gpu = _find_gpu(uuid)
+            if gpu is None or gpu.get("lost"):
+                _raise(NVML_ERROR_GPU_IS_LOST)
+            result = change(gpu)
+            tmp = f"{_state_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({**_system, "gpus": _gpus}, f, indent=2)
+            os.replace(tmp, _state_path)
+            _load(_state_path)
+        finally:
+            os.close(fd)
+    _hang(uuid, "after", func)
+    return result
+
+
+def _capability(gpu: dict[str, Any], rel: str, present: bool) -> None:
+    """Create or remove `/proc/driver/nvidia/capabilities/gpu<m>/mig/<rel>/access` as the kernel
+    driver does, with the minor its static table (`driver/nvidia-caps/mig-minors`) gives it."""
+    proc = str(_system.get("proc_root") or "")
+    if not proc:
+        return
+    base = os.path.join(proc, "driver", "nvidia", "capabilities", f"gpu{gpu['minor']}", "mig", rel)
+    if not present:
+        shutil.rmtree(base, ignore_errors=True)
+        return
+    try:
+        with open(os.path.join(proc, "driver", "nvidia-caps", "mig-minors"), encoding="utf-8") as f:
+            table = dict(line.rsplit(" ", 1) for line in f.read().splitlines() if " " in line)
+    except OSError:
+        return
+    minor = table.get(f"gpu{gpu['minor']}/{rel}/access")
+    if minor is None:
+        return
+    os.makedirs(base, exist_ok=True)
+    with open(os.path.join(base, "access"), "w", encoding="utf-8") as f:
+        f.write(f"DeviceFileMinor: {minor}\nDeviceFileMode: 292\nDeviceFileModify: 1\n")
 
 
 def nvmlDeviceGetMigMode(device: c_nvmlDevice_t) -> list[int]:
@@ -766,8 +999,9 @@ def nvmlDeviceGetMigMode(device: c_nvmlDevice_t) -> list[int]:
 
 
 def nvmlDeviceGetMaxMigDeviceCount(device: c_nvmlDevice_t) -> int:
+    """0 while MIG mode is off, as real NVML answers (H200, driver 580.159.04)."""
     gpu = _full_gpu("nvmlDeviceGetMaxMigDeviceCount", device)
-    return _MAX_SLICES if gpu.get("mig_capable") else 0
+    return _MAX_SLICES if gpu.get("mig_capable") and gpu.get("mig_mode") else 0
 
 
 def nvmlDeviceGetMigDeviceHandleByIndex(device: c_nvmlDevice_t, index: int) -> c_nvmlDevice_t:
@@ -810,14 +1044,10 @@ def nvmlDeviceGetComputeInstanceId(device: c_nvmlDevice_t) -> int:
 
 
 def nvmlDeviceGetAttributes_v2(device: c_nvmlDevice_t) -> c_nvmlDeviceAttributes:
-    gpu, mig = _resolve("nvmlDeviceGetAttributes", device)
+    """MIG device handles only: NOT_SUPPORTED for a GPU, as real NVML answers (H200, 580.159.04)."""
+    _, mig = _resolve("nvmlDeviceGetAttributes", device)
     if mig is None:
-        return c_nvmlDeviceAttributes(
-            multiprocessorCount=int(gpu.get("multiprocessors", 0)),
-            gpuInstanceSliceCount=_MAX_SLICES if gpu.get("mig_capable") else 0,
-            computeInstanceSliceCount=_MAX_SLICES if gpu.get("mig_capable") else 0,
-            memorySizeMB=int(gpu["memory_bytes"]) // 2**20,
-        )
+        _raise(NVML_ERROR_NOT_SUPPORTED)
     return c_nvmlDeviceAttributes(
         multiprocessorCount=int(mig["multiprocessors"]),
         sharedCopyEngineCount=int(mig.get("copy_engines", 0)),
@@ -825,8 +1055,8 @@ def nvmlDeviceGetAttributes_v2(device: c_nvmlDevice_t) -> c_nvmlDeviceAttributes
         sharedEncoderCount=int(mig.get("encoders", 0)),
         sharedJpegCount=int(mig.get("jpeg", 0)),
         sharedOfaCount=int(mig.get("ofa", 0)),
-        gpuInstanceSliceCount=int(mig["placement_size"]),
-        computeInstanceSliceCount=int(mig["placement_size"]),
+        gpuInstanceSliceCount=_gi_slices(mig["profile"]),
+        computeInstanceSliceCount=_ci_slices(mig["profile"]),
         memorySizeMB=int(mig["memory_bytes"]) // 2**20,
     )
 
@@ -835,32 +1065,288 @@ def nvmlDeviceGetAttributes(device: c_nvmlDevice_t) -> c_nvmlDeviceAttributes:
     return nvmlDeviceGetAttributes_v2(device)
 
 
-def nvmlDeviceGetGpuInstanceProfileInfo(
-    device: c_nvmlDevice_t, profile: int, version: int = 2
-) -> c_nvmlGpuInstanceProfileInfo_v2_t:
-    gpu = _full_gpu("nvmlDeviceGetGpuInstanceProfileInfo", device)
-    if not gpu.get("mig_capable"):
+def nvmlDeviceGetGpuInstanceProfileInfo(device: c_nvmlDevice_t, profile: int, version: int = 2) -> Any:
+    """`profile` is an NVML_GPU_INSTANCE_PROFILE_* value; the result's `id` is the profile ID."""
+    gpu = _mig_gpu("nvmlDeviceGetGpuInstanceProfileInfo", device, mig_mode=False)
+    if not 0 <= profile < _DRIVER_PROFILE_COUNT or version not in (1, 2):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)  # as a 580 driver answers 0x11 (3_SLICE_GFX), newer than it
+    spec = next((p for p in _table(gpu) if p["enum"] == profile), None)
+    if spec is None:
         _raise(NVML_ERROR_NOT_SUPPORTED)
-    if not 0 <= profile < NVML_GPU_INSTANCE_PROFILE_COUNT:
-        _raise(NVML_ERROR_INVALID_ARGUMENT)
-    name = _profile_table(gpu).get(profile)
-    if name is None:
-        _raise(NVML_ERROR_NOT_SUPPORTED)
-    slices = _gi_slices(name)
-    info = c_nvmlGpuInstanceProfileInfo_v2_t()
-    info.id = profile
-    info.sliceCount = slices
-    info.instanceCount = _MAX_SLICES // max(slices, 1)
-    info.multiprocessorCount = int(gpu.get("multiprocessors", 0)) * slices // _MAX_SLICES
-    info.copyEngineCount = slices
-    info.decoderCount = slices // 2
-    info.jpegCount = 1 if slices < _MAX_SLICES else 0
-    info.memorySizeMB = _profile_gb(name) * 1024
-    info.name = f"MIG {name}".encode()
+    info = c_nvmlGpuInstanceProfileInfo_v2_t() if version == 2 else c_nvmlGpuInstanceProfileInfo_t()
+    info.id, info.isP2pSupported, info.sliceCount = spec["id"], 1, spec["slices"]
+    info.instanceCount, info.multiprocessorCount = spec["instances"], spec["multiprocessors"]
+    info.copyEngineCount, info.decoderCount = spec["copy_engines"], spec["decoders"]
+    info.encoderCount = spec["encoders"]
+    info.jpegCount, info.ofaCount, info.memorySizeMB = spec["jpeg"], spec["ofa"], spec["memory_mb"]
+    if version == 2:
+        info.name = f"MIG {spec['name']}".encode()
     return info
 
 
 nvmlDeviceGetGpuInstanceProfileInfoV = nvmlDeviceGetGpuInstanceProfileInfo
+
+
+def _spec_by_id(gpu: dict[str, Any], profile_id: int) -> dict[str, Any]:
+    spec = next((p for p in _table(gpu) if p["id"] == profile_id), None)
+    if spec is None:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return spec
+
+
+def nvmlDeviceGetGpuInstancePossiblePlacements(device: c_nvmlDevice_t, profileId: int, placementsRef: Any,
+                                               countRef: Any) -> int:  # fmt: skip
+    """`nvmlDeviceGetGpuInstancePossiblePlacements_v2`: with `placementsRef` None only the count;
+    otherwise fills the array (NVML_ERROR_INSUFFICIENT_SIZE when the count says it is too short)."""
+    gpu = _mig_gpu("nvmlDeviceGetGpuInstancePossiblePlacements", device, mig_mode=False)
+    spec = _spec_by_id(gpu, profileId)
+    count = _target(countRef)
+    starts = list(spec["starts"])
+    if placementsRef is not None:
+        if count.value < len(starts):
+            count.value = len(starts)
+            _raise(NVML_ERROR_INSUFFICIENT_SIZE)
+        array = _target(placementsRef)
+        for i, start in enumerate(starts):
+            array[i].start, array[i].size = start, spec["size"]
+    count.value = len(starts)
+    return NVML_SUCCESS
+
+
+def _check_placement(gpu: dict[str, Any], spec: dict[str, Any], start: int) -> None:
+    """The placement rules NVML applies to a new GPU instance (section comment)."""
+    if start not in spec["starts"]:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    gis = [(entries[0], _profile_of(gpu, entries[0]["profile"])) for entries in _gis(gpu).values()]
+    span = set(range(start, start + spec["size"]))
+    for m, _ in gis:
+        if span & set(range(int(m["placement_start"]), int(m["placement_start"]) + int(m["placement_size"]))):
+            _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+    if sum(1 for _, p in gis if p is not None and p["id"] == spec["id"]) >= spec["instances"]:
+        _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+    whole = max(_table(gpu), key=lambda p: p["slices"])
+    if sum(_gi_slices(m["profile"]) for m, _ in gis) + spec["slices"] > whole["slices"]:
+        _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+    if spec["ofa"] and sum(p["ofa"] for _, p in gis if p is not None) + spec["ofa"] > whole["ofa"]:
+        _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+
+
+def _create_gi(func: str, device: c_nvmlDevice_t, profile_id: int, start: int | None) -> Any:
+    uuid = _mig_gpu(func, device)["uuid"]
+
+    def create(gpu: dict[str, Any]) -> int:
+        if not gpu.get("mig_mode"):
+            _raise(NVML_ERROR_NOT_SUPPORTED)
+        spec = _spec_by_id(gpu, profile_id)
+        chosen = start
+        if chosen is None:  # the first placement that fits, as nvmlDeviceCreateGpuInstance picks
+            for candidate in spec["starts"]:
+                try:
+                    _check_placement(gpu, spec, candidate)
+                except NVMLError:
+                    continue
+                chosen = candidate
+                break
+            else:
+                _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        _check_placement(gpu, spec, chosen)
+        gi = _gi_id(chosen, spec["size"])
+        gpu.setdefault("mig_devices", []).append(
+            {"profile": spec["name"], "gi_id": gi, "ci_id": None, "placement_start": chosen,
+             "placement_size": spec["size"], "memory_bytes": spec["memory_mb"] * 2**20,
+             "multiprocessors": spec["multiprocessors"], "uuid": "", "copy_engines": spec["copy_engines"],
+             "decoders": spec["decoders"], "encoders": spec["encoders"], "jpeg": spec["jpeg"], "ofa": spec["ofa"]}
+        )  # fmt: skip
+        _capability(gpu, f"gi{gi}", True)
+        return gi
+
+    return _gi_handle(uuid, _change(func, uuid, create))
+
+
+def nvmlDeviceCreateGpuInstance(device: c_nvmlDevice_t, profileId: int) -> Any:
+    return _create_gi("nvmlDeviceCreateGpuInstance", device, profileId, None)
+
+
+def nvmlDeviceCreateGpuInstanceWithPlacement(device: c_nvmlDevice_t, profileId: int, placement: Any) -> Any:
+    """`placement`: a c_nvmlGpuInstancePlacement_t, by reference (`byref`/`pointer`) as the C call takes it."""
+    where = _target(placement)
+    if not isinstance(where, c_nvmlGpuInstancePlacement_t):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    if where.size != _spec_by_id(_mig_gpu("nvmlDeviceCreateGpuInstanceWithPlacement", device), profileId)["size"]:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return _create_gi("nvmlDeviceCreateGpuInstanceWithPlacement", device, profileId, int(where.start))
+
+
+def nvmlDeviceGetGpuInstances(device: c_nvmlDevice_t, profileId: int, gpuInstancesRef: Any, countRef: Any) -> int:
+    """None while MIG mode is off (a count of 0, no error, as real NVML answers)."""
+    gpu = _mig_gpu("nvmlDeviceGetGpuInstances", device, mig_mode=False)
+    spec = _spec_by_id(gpu, profileId)
+    found = sorted(g for g, e in _gis(gpu).items() if (_profile_of(gpu, e[0]["profile"]) or {}).get("id") == spec["id"])
+    array = _target(gpuInstancesRef)
+    if len(array) < len(found):
+        _raise(NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, gi in enumerate(found):
+        array[i] = _gi_handle(gpu["uuid"], gi)
+    _target(countRef).value = len(found)
+    return NVML_SUCCESS
+
+
+def nvmlDeviceGetGpuInstanceById(device: c_nvmlDevice_t, gpuInstanceId: int) -> Any:
+    gpu = _mig_gpu("nvmlDeviceGetGpuInstanceById", device, mig_mode=False)  # MIG off: NOT_FOUND
+    if gpuInstanceId not in _gis(gpu):
+        _raise(NVML_ERROR_NOT_FOUND)
+    return _gi_handle(gpu["uuid"], gpuInstanceId)
+
+
+def nvmlGpuInstanceGetInfo(gpuInstance: Any) -> c_nvmlGpuInstanceInfo_t:
+    gpu, entries, _ = _instance("nvmlGpuInstanceGetInfo", gpuInstance)
+    m, spec = entries[0], _profile_of(gpu, entries[0]["profile"])
+    return c_nvmlGpuInstanceInfo_t(c_nvmlDevice_t(gpu["uuid"]), int(m["gi_id"]), spec["id"] if spec else 0xFFFFFFFF,
+                                   int(m["placement_start"]), int(m["placement_size"]))  # fmt: skip
+
+
+def _gi_spec(gpu: dict[str, Any], entries: list[dict[str, Any]]) -> dict[str, Any]:
+    spec = _profile_of(gpu, entries[0]["profile"])
+    if spec is None:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return spec
+
+
+def nvmlGpuInstanceGetComputeInstanceProfileInfo(gpuInstance: Any, profile: int, engProfile: int,
+                                                 version: int = 2) -> c_nvmlComputeInstanceProfileInfo_v2_t:  # fmt: skip
+    gpu, entries, _ = _instance("nvmlGpuInstanceGetComputeInstanceProfileInfo", gpuInstance)
+    spec = _gi_spec(gpu, entries)
+    if engProfile != NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED or version != 2:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    slices = _CI_SLICES.get(profile, 0)
+    if not 0 < slices <= spec["slices"] or (spec["slices"] == 4 and slices == 3):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    info = c_nvmlComputeInstanceProfileInfo_v2_t()
+    info.id, info.sliceCount, info.instanceCount = profile, slices, spec["slices"] // slices
+    info.multiprocessorCount = spec["multiprocessors"] * slices // spec["slices"]
+    info.sharedCopyEngineCount, info.sharedDecoderCount = spec["copy_engines"], spec["decoders"]
+    info.sharedEncoderCount, info.sharedJpegCount, info.sharedOfaCount = spec["encoders"], spec["jpeg"], spec["ofa"]
+    whole = slices == spec["slices"]
+    info.name = f"MIG {spec['name'] if whole else f'{slices}c.' + spec['name']}".encode()
+    return info
+
+
+nvmlGpuInstanceGetComputeInstanceProfileInfoV = nvmlGpuInstanceGetComputeInstanceProfileInfo
+
+
+def _create_ci(func: str, gpuInstance: Any, profile_id: int, start: int | None) -> Any:
+    gpu, entries, _ = _instance(func, gpuInstance)
+    uuid, gi = gpu["uuid"], int(entries[0]["gi_id"])
+
+    def create(gpu: dict[str, Any]) -> int:
+        entries = _gis(gpu).get(gi)
+        if entries is None:
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        spec = _gi_spec(gpu, entries)
+        slices = _CI_SLICES.get(profile_id, 0)
+        if not 0 < slices <= spec["slices"]:
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        made = [m for m in entries if m["ci_id"] is not None]
+        used = sorted(int(m["ci_start"]) for m in made if "ci_start" in m)
+        if sum(_ci_slices(m["profile"]) for m in made) + slices > spec["slices"]:
+            _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+        first = start if start is not None else next(s for s in range(spec["slices"]) if s not in used)
+        ci = min(set(range(8)) - {int(m["ci_id"]) for m in made})
+        entry = entries[0] if entries[0]["ci_id"] is None else dict(entries[0])
+        entry.update(
+            profile=spec["name"] if slices == spec["slices"] else f"{slices}c.{spec['name']}", ci_id=ci, ci_start=first,
+            multiprocessors=spec["multiprocessors"] * slices // spec["slices"], uuid=f"MIG-{uuid_module.uuid4()}",
+        )  # fmt: skip
+        if entry is not entries[0]:
+            gpu["mig_devices"].append(entry)
+        _capability(gpu, f"gi{gi}/ci{ci}", True)
+        return ci
+
+    return _ci_handle(uuid, gi, _change(func, uuid, create))
+
+
+def nvmlGpuInstanceCreateComputeInstance(gpuInstance: Any, profileId: int) -> Any:
+    return _create_ci("nvmlGpuInstanceCreateComputeInstance", gpuInstance, profileId, None)
+
+
+def nvmlGpuInstanceCreateComputeInstanceWithPlacement(gpuInstance: Any, profileId: int, placement: Any) -> Any:
+    where = _target(placement)
+    if not isinstance(where, c_nvmlComputeInstancePlacement_t):
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return _create_ci("nvmlGpuInstanceCreateComputeInstanceWithPlacement", gpuInstance, profileId, int(where.start))
+
+
+def nvmlGpuInstanceGetComputeInstances(gpuInstance: Any, profileId: int, computeInstancesRef: Any,
+                                       countRef: Any) -> int:  # fmt: skip
+    gpu, entries, _ = _instance("nvmlGpuInstanceGetComputeInstances", gpuInstance)
+    spec = _gi_spec(gpu, entries)
+    slices = _CI_SLICES.get(profileId, 0)
+    found = sorted(int(m["ci_id"]) for m in entries if m["ci_id"] is not None
+                   and (_ci_slices(m["profile"]) if m["profile"] != spec["name"] else spec["slices"]) == slices)  # fmt: skip
+    array = _target(computeInstancesRef)
+    if len(array) < len(found):
+        _raise(NVML_ERROR_INSUFFICIENT_SIZE)
+    for i, ci in enumerate(found):
+        array[i] = _ci_handle(gpu["uuid"], int(entries[0]["gi_id"]), ci)
+    _target(countRef).value = len(found)
+    return NVML_SUCCESS
+
+
+def nvmlGpuInstanceGetComputeInstanceById(gpuInstance: Any, computeInstanceId: int) -> Any:
+    gpu, entries, _ = _instance("nvmlGpuInstanceGetComputeInstanceById", gpuInstance)
+    if not any(m["ci_id"] == computeInstanceId for m in entries):
+        _raise(NVML_ERROR_NOT_FOUND)
+    return _ci_handle(gpu["uuid"], int(entries[0]["gi_id"]), computeInstanceId)
+
+
+def nvmlComputeInstanceGetInfo_v2(computeInstance: Any) -> c_nvmlComputeInstanceInfo_t:
+    gpu, entries, ci = _instance("nvmlComputeInstanceGetInfo", computeInstance, ci=True)
+    m = next(m for m in entries if m["ci_id"] == ci)
+    slices = _ci_slices(m["profile"])
+    profile = next((p for p, s in _CI_SLICES.items() if s == slices), 0)
+    gi = _gi_handle(gpu["uuid"], int(m["gi_id"]))
+    return c_nvmlComputeInstanceInfo_t(c_nvmlDevice_t(gpu["uuid"]), gi, ci, profile, int(m.get("ci_start", 0)), slices)
+
+
+def nvmlComputeInstanceGetInfo(computeInstance: Any) -> c_nvmlComputeInstanceInfo_t:
+    return nvmlComputeInstanceGetInfo_v2(computeInstance)
+
+
+def nvmlComputeInstanceDestroy(computeInstance: Any) -> int:
+    gpu, entries, ci = _instance("nvmlComputeInstanceDestroy", computeInstance, ci=True)
+    gi = int(entries[0]["gi_id"])
+
+    def destroy(gpu: dict[str, Any]) -> None:
+        entries = _gis(gpu).get(gi, [])
+        mine = next((m for m in entries if m["ci_id"] == ci), None)
+        if mine is None:
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        if len(entries) > 1:
+            gpu["mig_devices"].remove(mine)
+        else:  # the GPU instance stays, without compute instances
+            mine.update(ci_id=None, uuid="", profile=_gi_spec(gpu, entries)["name"])
+            mine.pop("ci_start", None)
+        _capability(gpu, f"gi{gi}/ci{ci}", False)
+
+    _change("nvmlComputeInstanceDestroy", gpu["uuid"], destroy)
+    return NVML_SUCCESS
+
+
+def nvmlGpuInstanceDestroy(gpuInstance: Any) -> int:
+    gpu, entries, _ = _instance("nvmlGpuInstanceDestroy", gpuInstance)
+    gi = int(entries[0]["gi_id"])
+
+    def destroy(gpu: dict[str, Any]) -> None:
+        entries = _gis(gpu).get(gi)
+        if entries is None:
+            _raise(NVML_ERROR_INVALID_ARGUMENT)
+        if any(m["ci_id"] is not None for m in entries):
+            _raise(NVML_ERROR_IN_USE)  # its compute instances must go first
+        gpu["mig_devices"].remove(entries[0])
+        _capability(gpu, f"gi{gi}", False)
+
+    _change("nvmlGpuInstanceDestroy", gpu["uuid"], destroy)
+    return NVML_SUCCESS
 
 
 # --- memory health: ECC counters, row remapping, page retirement -------------------------------
@@ -962,13 +1448,67 @@ def _events_path() -> str:
     return _state_path + ".events"
 
 
+class _Changes:
+    """Wakes a waiter when the state or the events file changes: an inotify watch on their
+    directory (through ctypes: the standard library has no binding) that ignores the other files
+    there, where the kernel has inotify; else a 20 ms poll.
+
+    The watch exists before the waiter first looks at the files, so a change made between its
+    look and its wait is still pending when it waits: nothing is missed."""
+
+    _MASK = 0x2 | 0x8 | 0x80 | 0x100  # IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+
+    def __init__(self, state_path: str) -> None:
+        self._names = {os.fsencode(os.path.basename(p)) for p in (state_path, state_path + ".events")}
+        self._fd = -1
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            fd = libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+            directory = os.path.dirname(os.path.abspath(state_path))
+            if fd >= 0 and libc.inotify_add_watch(fd, os.fsencode(directory), self._MASK) < 0:
+                os.close(fd)
+                fd = -1
+            self._fd = fd
+        except (OSError, AttributeError):
+            self._fd = -1
+        if self._fd >= 0:
+            weakref.finalize(self, os.close, self._fd)
+
+    def drain(self) -> None:
+        """Forget the changes seen so far (the caller is about to look at the files)."""
+        self._changed()
+
+    def wait(self, seconds: float) -> None:
+        """Until one of the two files changes after the last `drain`, or `seconds`."""
+        if self._fd < 0:
+            time.sleep(min(0.02, seconds))
+            return
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if select.select([self._fd], [], [], remaining)[0] and self._changed():
+                return
+
+    def _changed(self) -> bool:
+        """Read the pending notifications: whether one was about the state or the events file."""
+        changed = False
+        with contextlib.suppress(BlockingIOError):
+            while self._fd >= 0 and (data := os.read(self._fd, 4096)):
+                offset = 0
+                while offset < len(data):  # struct inotify_event: wd, mask, cookie, len, name[len]
+                    length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
+                    changed |= data[offset + 16 : offset + 16 + length].rstrip(b"\0") in self._names
+                    offset += 16 + length
+        return changed
+
+
 def nvmlEventSetCreate() -> c_nvmlEventSet_t:
     _current()
+    changes = _Changes(_state_path)
     try:
         cursor = os.path.getsize(_events_path())
     except OSError:
         cursor = 0
-    return c_nvmlEventSet_t(cursor)
+    return c_nvmlEventSet_t(cursor, changes)
 
 
 def nvmlDeviceGetSupportedEventTypes(handle: c_nvmlDevice_t) -> int:
@@ -1008,15 +1548,17 @@ def _next_event(eventSet: c_nvmlEventSet_t) -> c_nvmlEventData_t | None:
 def nvmlEventSetWait_v2(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
     deadline = time.monotonic() + timeoutms / 1000
     while True:
+        eventSet.changes.drain()
         gpus = _current()
         if any(g.get("lost") for g in gpus if g["uuid"] in eventSet.registered):
             _raise(NVML_ERROR_GPU_IS_LOST)  # as the real wait does while a GPU in the set is off the bus
         event = _next_event(eventSet)
         if event is not None:
             return event
-        if time.monotonic() >= deadline:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
             _raise(NVML_ERROR_TIMEOUT)
-        time.sleep(min(0.02, max(deadline - time.monotonic(), 0)))
+        eventSet.changes.wait(remaining)
 
 
 def nvmlEventSetWait(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:

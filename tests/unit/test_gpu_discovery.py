@@ -12,12 +12,14 @@ import pytest
 
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.gpu_attributes import binary_quantity, cuda_version, fit_limits, semver
+from driver.discovery.gpudirect import GPUDIRECT, GPUDIRECT_MODE, MODE_DMABUF
 from driver.discovery.mig import MigName, mig_device_name, parse_mig_device_name, profile_label
 from driver.discovery.nvml import NvmlUnavailable
+from driver.discovery.pcie import PCIE_SWITCH
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, DeviceKind, Version
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
 from sim import nvml as sim_nvml
-from sim.profile import NodeProfile, a100_mig_node, h100_node
+from sim.profile import MigProfileSpec, NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor, render_node
 
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -69,8 +71,12 @@ def test_full_gpus(node: Callable[[NodeProfile], Discover]) -> None:
             "cudaDriverVersion": Version("13.0.0"),
             PCI_BUS_ID: spec.pci_bus_id,
             PCIE_ROOT: spec.pcie_root,
+            PCIE_SWITCH: spec.pcie_bridges[1],  # the switch's upstream port
             NUMA_NODE: spec.numa_node,
+            GPUDIRECT: True,  # the profile's open kernel modules on kernel 6.8
+            GPUDIRECT_MODE: MODE_DMABUF,
         }
+        assert device.pcie_path == (spec.pcie_root, *spec.pcie_bridges)
         assert device.capacity == {"memory": "80Gi"}
         assert device.gpu is not None
         assert (device.gpu.minor, device.gpu.uuid, device.gpu.pci_bus_id) == (spec.minor, spec.uuid, spec.pci_bus_id)
@@ -248,7 +254,9 @@ def test_list_attributes_on_and_off(node: Callable[[NodeProfile], Discover]) -> 
     assert "migProfiles" not in off["gpu-0"].attributes
     assert off["gpu-0"].attributes[NUMA_NODE] == 0
     assert on["gpu-0"].attributes[NUMA_NODE] == (0,)
-    assert on["gpu-0"].attributes["migProfiles"] == ("1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb")
+    assert on["gpu-0"].attributes["migProfiles"] == (
+        "1g.5gb", "1g.5gb+me", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb",
+    )  # fmt: skip
     assert "migProfiles" not in on["gpu-1-mig-1g-5gb-7-0"].attributes
     for device in off.values():
         assert not any(isinstance(v, tuple) for v in device.attributes.values()), device.name
@@ -261,8 +269,13 @@ def _values(attrs: dict[str, AttrValue]) -> int:
 def test_every_published_device_is_within_api_limits(node: Callable[[NodeProfile], Discover]) -> None:
     profile = a100_mig_node(gpus=2, per_gpu=7)
     profile.gpus[1].mig_mode = False
-    profile.gpus[1].mig_profiles = [f"{g}g.{m}gb" for g in (1, 2, 3, 4, 7) for m in (5, 10, 20, 40)]
-    for device in node(profile)(list_attributes=True):
+    names = [f"{g}g.{m}gb" for g in (1, 2, 3, 4, 7) for m in (5, 10, 20, 40)][:18]  # one per profile enum
+    profile.gpus[1].mig_profiles = [
+        MigProfileSpec(n, enum, enum, 1, 1, [0], 1, 1024 * (enum + 1), 14, 1, 0, 0, 0) for enum, n in enumerate(names)
+    ]
+    devices = node(profile)(list_attributes=True)
+    assert len(next(d for d in devices if d.name == "gpu-1").attributes["migProfiles"]) > 10
+    for device in devices:
         assert len(device.attributes) + len(device.capacity) <= MAX_ATTRIBUTES_AND_CAPACITIES
         assert _values(device.attributes) <= MAX_ATTRIBUTE_VALUES
         assert len(device.name) <= 63
