@@ -10,6 +10,8 @@ allocates what it publishes, and the real containerd applies the CDI specs it wr
 
 The simulated node is rendered once and kept across restarts of the daemon (an XID raised in its
 NVML state stays raised, as on a real node); `start` with a daemon already running does nothing.
+Its NICs have real netdevs (veths, `demo.cluster_nics`), so the daemon reads their link facts from
+netlink (`--nic-link-source netlink`), as on a real node.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +30,7 @@ from pathlib import Path
 
 from demo.node import DRIVER, SimNode
 from sim.nvml import env_for
-from sim.profile import h100_node
+from sim.profile import NodeProfile, h100_node
 
 KUBELET_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
 KUBELET_PLUGINS = Path("/var/lib/kubelet/plugins")
@@ -59,9 +63,20 @@ class ClusterNode:
         return KUBELET_PLUGINS / DRIVER
 
     def sim_node(self) -> SimNode:
-        """Renders the node on first use; afterwards the same files, whatever happened to them."""
-        profile = h100_node(self.node_name)
-        if (self.root / RENDERED_MARK).exists():
+        """Renders the node on first use; afterwards the same files, whatever happened to them
+        (rendered afresh only when the profile itself changed, as after an upgrade of this repo)."""
+        profile = cluster_profile(self.node_name)
+        fingerprint = hashlib.sha256(profile.to_json().encode()).hexdigest()
+        mark = self.root / RENDERED_MARK
+        if mark.exists() and mark.read_text() != fingerprint:
+            for stale in ("sys", "dev", "proc", "nvidia", "netdevs-away", "nvml-state.json"):
+                path = self.root / stale
+                if path.is_dir():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink(missing_ok=True)
+            mark.unlink()
+        if mark.exists():
             node = SimNode(
                 self.root, profile, self.root / "sys", self.root / "dev", KUBELET_REGISTRY, KUBELET_PLUGINS,
                 CDI_ROOT, self.root / "nvidia", env_for(self.nvml_state),
@@ -69,7 +84,7 @@ class ClusterNode:
         else:
             self.root.mkdir(parents=True, exist_ok=True)
             node = SimNode.create(self.root, profile)
-            (self.root / RENDERED_MARK).touch()
+            mark.write_text(fingerprint)
         # The real kubelet's directories and the CDI directory containerd reads, not the SimNode's.
         for unused in ("registry", "plugins", "cdi"):
             with_path = self.root / unused
@@ -96,8 +111,10 @@ class ClusterNode:
         node = self.sim_node()
         env = {**os.environ, **node.env}
         with open(self.log_file, "ab") as log:
+            # Netlink: the NICs have real netdevs here (demo.cluster_nics), which exclusive mode moves.
+            args = node.daemon_args(self.kubeconfig, "--nic-link-source", "netlink", *extra)
             proc = subprocess.Popen(
-                node.daemon_args(self.kubeconfig, *extra), env=env, stdout=log, stderr=log,
+                args, env=env, stdout=log, stderr=log,
                 stdin=subprocess.DEVNULL, start_new_session=True,
             )  # fmt: skip
         self.pid_file.write_text(str(proc.pid))
@@ -121,6 +138,16 @@ class ClusterNode:
             os.kill(pid, signal.SIGKILL)
         _reap(pid)
         self.pid_file.unlink(missing_ok=True)
+
+
+def cluster_profile(node_name: str) -> NodeProfile:
+    """The simulated HGX H100 of the cluster node (MIG mode off, as an H100 ships). Its NICs get
+    real netdevs on this machine (`demo.cluster_nics`), so their addresses must not clash with the
+    machine's own networks: IPv6 from a ULA prefix of their own rather than fd00:<n>::/64."""
+    profile = h100_node(node_name, mig_capable=True)
+    for j, nic in enumerate(profile.nics):
+        nic.ipv6 = [f"fd7a:7a6e:{j}::{10 + j}/64"]
+    return profile
 
 
 def _reap(pid: int) -> None:

@@ -47,7 +47,7 @@ class SimNode:
         render_node(profile, dirs["sys"], dirs["dev"], root / "proc", lazy_nodes=True)
         render_driver_files(dirs["nvidia"])
         state = root / "nvml-state.json"
-        write_state(profile, state)
+        write_state(profile, state, proc_root=root / "proc")
         return cls(
             root,
             profile,

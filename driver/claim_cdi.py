@@ -24,7 +24,8 @@ What goes where:
 * Host paths (`hostPath` of nodes, driver file mounts) are the daemon's view of `dev_root` and
   the driver root; the runtime resolves them on the host, so the DaemonSet mounts both at their
   host paths. `hostPath` is written only when it differs from the container path.
-* **Device edits**: the device's own nodes, `netDevices` for an exclusive NIC, and
+* **Device edits**: the device's own nodes, `netDevices` for an exclusive NIC (with a hook that
+  applies its NicConfig addresses, routes and MTU in the pod: `driver.nic_setup`), and
   `TANDEM_DEVICE_<NAME>=<GPU UUID | RDMA device>`, which tells a container which of the claim's
   devices it received and keeps every CDI device non-empty (as CDI requires) even when all its
   nodes moved to the spec level.
@@ -50,10 +51,12 @@ pod spec.
 GPU-NIC pairing, when the GPUs' `GpuConfig.pairNics` is on (the default):
 `TANDEM_GPU_NIC_PAIRS=<ordinal>:<rdma>,...`. The ordinal is the GPU's position among the GPUs
 ordered by PCI bus ID (then MIG GI/CI), which is CUDA's PCI_BUS_ID order and, for identical GPUs,
-also its default order. Each GPU gets the NIC on the same PCIe root, else on the same NUMA node,
-else any; among equals the NIC serving the fewest GPUs so far, then the lowest PCI address; so
-the answer is deterministic and one NIC may serve several GPUs. `NCCL_IB_HCA` then lists NICs in
-order of first use by GPU 0, 1, ...
+also its default order. Each GPU gets the NIC at the smallest PCIe distance (links through their
+lowest common ancestor: behind the same switch beats a switch of switches beats the same root
+complex), else on the same NUMA node, else any; among equals the NIC serving the fewest GPUs so
+far, then the lowest PCI address; so the answer is deterministic and one NIC may serve several
+GPUs. `NCCL_IB_HCA` then lists NICs in order of first use by GPU 0, 1, ... Which rule paired each
+GPU (`PAIR_RULES`) goes into the GPU's device metadata (`pairedBy`, with `pairedRdmaDevice`).
 
 These three variables describe the devices of **all the claims prepared together** (`pod_devices`:
 the kubelet sends a pod's unprepared claims of one driver in one NodePrepareResources call), and
@@ -71,12 +74,16 @@ import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import cdi
 from driver.config_api import RequestConfig
 from driver.device_nodes import DeviceNodeError, DeviceNodes
 from driver.discovery.nvidia_files import DriverFiles
-from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind
+from driver.discovery.pcie import PCIE_SWITCH, shared_nodes
+from driver.discovery.pcie import distance as pcie_distance
+from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, attribute_to_api
+from driver.nic_setup import needs_setup, setup_hook
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,8 @@ GPU_CONTROL_NODES = ("nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "nvidia-mode
 RDMA_CM = "infiniband/rdma_cm"
 DEVICE_ENV_PREFIX = "TANDEM_DEVICE_"
 PAIRS_ENV = "TANDEM_GPU_NIC_PAIRS"
+PAIRED_NIC = "pairedRdmaDevice"
+PAIRED_BY = "pairedBy"
 
 _GPU_KINDS = (DeviceKind.GPU, DeviceKind.MIG)
 _ENV_UNSAFE = re.compile(r"[^A-Z0-9_]")
@@ -195,15 +204,39 @@ def _numa(d: Device) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _distance(gpu: Device, nic: Device) -> int:
-    """0: same PCIe root, 1: same NUMA node, 2: anywhere else on the node."""
+# What brought a GPU and its NIC together, nearest first (the `pairedBy` of the device metadata):
+# the same PCIe switch; a bridge below the root complex (a switch of switches); the same root
+# complex; the same NUMA node; nothing.
+PAIR_RULES = (PCIE_SWITCH, "pcieBridge", "pcieRoot", "numaNode", "none")
+_FAR = 1 << 16  # a PCIe distance beyond any real one: paths unknown, or below different roots
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A GPU (`ordinal`: its CUDA ordinal in PCI bus order) and the NIC it is paired with."""
+
+    ordinal: int
+    gpu: Device
+    nic: Device
+    rule: str
+
+
+def _proximity(gpu: Device, nic: Device) -> tuple[int, str]:
+    """(PCIe distance in links, the rule that names it) of a GPU-NIC pair (`driver.discovery.pcie`).
+    Without paths (a device discovered without its sysfs link) equal roots still count."""
+    hops = pcie_distance(gpu.pcie_path, nic.pcie_path)
+    switch = gpu.attributes.get(PCIE_SWITCH)
+    if hops is not None and switch is not None and switch == nic.attributes.get(PCIE_SWITCH):
+        return (hops, PCIE_SWITCH)
+    if hops is not None and shared_nodes(gpu.pcie_path, nic.pcie_path) > 1:
+        return (hops, "pcieBridge")
+    if hops is not None:
+        return (hops, "pcieRoot")
     root = gpu.attributes.get(PCIE_ROOT)
     if root is not None and root == nic.attributes.get(PCIE_ROOT):
-        return 0
+        return (_FAR - 1, "pcieRoot")
     numa = _numa(gpu)
-    if numa is not None and numa == _numa(nic):
-        return 1
-    return 2
+    return (_FAR, "numaNode") if numa is not None and numa == _numa(nic) else (_FAR + 1, "none")
 
 
 def _gpu_order(d: Device) -> tuple[str, int, int, int]:
@@ -212,21 +245,41 @@ def _gpu_order(d: Device) -> tuple[str, int, int, int]:
     return (g.pci_bus_id, g.minor, g.mig_gi if g.mig_gi is not None else -1, g.mig_ci if g.mig_ci is not None else -1)
 
 
-def pair_gpus_with_nics(gpus: Sequence[Device], nics: Sequence[Device]) -> list[tuple[int, Device]]:
-    """(GPU ordinal, NIC) for each GPU in `gpus` (already in container order); see the module docstring."""
+def pair_gpus_with_nics(gpus: Sequence[Device], nics: Sequence[Device]) -> list[Pair]:
+    """A pair for each GPU in `gpus` (already in container order; the ordinal is the position):
+    the NIC at the smallest PCIe distance, then on the GPU's NUMA node, then the one serving the
+    fewest GPUs so far, then the lowest PCI address (module docstring)."""
     ordered_nics = sorted(nics, key=lambda n: n.nic.pci_address if n.nic else n.name)
     load = Counter[str]()
     pairs = []
     for ordinal, gpu in enumerate(gpus):
         if not ordered_nics:
             break
-        nic = min(
-            ordered_nics,
-            key=lambda n, gpu=gpu: (_distance(gpu, n), load[n.name], ordered_nics.index(n)),
-        )
+        ranked = [(_proximity(gpu, n), n) for n in ordered_nics]
+        (_, rule), nic = min(ranked, key=lambda r: (r[0][0], load[r[1].name], ordered_nics.index(r[1])))
         load[nic.name] += 1
-        pairs.append((ordinal, nic))
+        pairs.append(Pair(ordinal, gpu, nic, rule))
     return pairs
+
+
+def pod_pairs(planned: Sequence[PlannedDevice]) -> list[Pair]:
+    """The GPU-NIC pairing of devices prepared together: every GPU whose `GpuConfig.pairNics` is
+    on, with its ordinal among all the GPUs, paired among all the NICs."""
+    gpus = [p for p in _unique_devices(planned, _GPU_KINDS) if p.device.gpu is not None]
+    gpus.sort(key=lambda p: _gpu_order(p.device))
+    nics = [p.device for p in _unique_devices(planned, (DeviceKind.NIC,)) if p.device.nic and p.device.nic.rdma_device]
+    paired = [(i, p.device) for i, p in enumerate(gpus) if p.config.gpu.pair_nics]
+    chosen = pair_gpus_with_nics([d for _, d in paired], nics)
+    # ordinals of the paired GPUs among all the GPUs, not among the paired ones
+    return [Pair(paired[pair.ordinal][0], pair.gpu, pair.nic, pair.rule) for pair in chosen]
+
+
+def pairing_metadata(pairs: Sequence[Pair]) -> dict[str, dict[str, dict[str, Any]]]:
+    """GPU device name -> what its device metadata says of its pairing, in attribute form:
+    `pairedRdmaDevice` (the NIC of `TANDEM_GPU_NIC_PAIRS`) and `pairedBy` (the rule that chose it)."""
+    return {
+        p.gpu.name: {PAIRED_NIC: attribute_to_api(_rdma(p.nic)), PAIRED_BY: attribute_to_api(p.rule)} for p in pairs
+    }
 
 
 # -- the spec -------------------------------------------------------------------------------------
@@ -243,20 +296,15 @@ def _unique_devices(planned: Sequence[PlannedDevice], kinds: tuple[DeviceKind, .
 
 def _network_env(planned: Sequence[PlannedDevice], env: _Env) -> list[str]:
     """Pairing and NIC lists for the devices of every claim prepared together (module docstring)."""
-    gpus = [p for p in _unique_devices(planned, _GPU_KINDS) if p.device.gpu is not None]
-    gpus.sort(key=lambda p: _gpu_order(p.device))
     nics = [p.device for p in _unique_devices(planned, (DeviceKind.NIC,)) if p.device.nic and p.device.nic.rdma_device]
     if not nics:
         return []
     out = []
     order = sorted(nics, key=lambda n: n.nic.pci_address if n.nic else n.name)
-    pairing = [(i, p.device) for i, p in enumerate(gpus) if p.config.gpu.pair_nics]
-    if pairing:
-        chosen = pair_gpus_with_nics([d for _, d in pairing], nics)
-        # ordinals of the paired GPUs among all the GPUs, not among the paired ones
-        pairs = [(pairing[i][0], nic) for i, nic in chosen]
-        out.append(env.entry(PAIRS_ENV, ",".join(f"{i}:{_rdma(n)}" for i, n in pairs), "GPU-NIC pairing"))
-        first_use = list(dict.fromkeys(n.name for _, n in pairs))
+    pairs = pod_pairs(planned)
+    if pairs:
+        out.append(env.entry(PAIRS_ENV, ",".join(f"{p.ordinal}:{_rdma(p.nic)}" for p in pairs), "GPU-NIC pairing"))
+        first_use = list(dict.fromkeys(p.nic.name for p in pairs))
         order.sort(key=lambda n: first_use.index(n.name) if n.name in first_use else len(first_use))
     out.append(env.entry("NCCL_IB_HCA", "=" + ",".join(_rdma(n) for n in order), "NICs"))
     out.append(env.entry("UCX_NET_DEVICES", ",".join(f"{_rdma(n)}:{_port(n)}" for n in order), "NICs"))
@@ -343,6 +391,7 @@ def claim_spec(
             env=(env.entry(_device_env_key(p), _device_env_value(p.device), name),),
             device_nodes=tuple(node_list(own)),
             net_devices=(net_devices[i],) if i in net_devices else (),
+            hooks=(setup_hook(p.config.nic),) if i in net_devices and needs_setup(p.config.nic) else (),
         )
         devices.append(cdi.Device(name=name, container_edits=edits))
         ids.setdefault(p.device.name, []).append(cdi.qualified_name(vendor, CLAIM_CLASS, name))

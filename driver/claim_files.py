@@ -4,6 +4,8 @@ The claim's CDI spec (`<cdi root>/k8s.<driver>-claim_<uid>.json`, `driver.claim_
 metadata specs and files (`driver.metadata`). Found by UID alone, never by name: a claim deleted
 and recreated under the same name (Jobs do this) is another claim, and nothing done for one may
 touch the other's files. Shared by the prepare transactions and start-up reconciliation.
+
+Written atomically, not durably: `driver.fsutil` says why.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 import cdi
 from driver.claim_cdi import CLAIM_CLASS, claim_spec_filename, claim_vendor
 from driver.claims import PrepareSettings
+from driver.fsutil import PREPARED_STATE_DURABLE
 from driver.metadata import MetadataWriter
 
 
@@ -23,21 +26,15 @@ class ClaimFiles:
 
     def write_spec(self, uid: str, spec: cdi.Spec | None) -> bool:
         """Write the claim's CDI spec unless the file already holds it; True when it was written.
-        An unchanged spec is not rewritten: every rewrite makes the runtimes rescan the directory."""
+        Compact JSON, as the Go CDI library writes a spec (and the cheapest to encode)."""
         if spec is None:
             return False
         filename = claim_spec_filename(self._s.driver_name, uid)
-        try:
-            if (self._s.cdi_root / filename).read_bytes() == spec.to_json().encode():
-                return False
-        except OSError:
-            pass
-        cdi.write_spec(self._s.cdi_root, spec, filename)
-        return True
+        return cdi.update_spec(self._s.cdi_root, spec, filename, durable=PREPARED_STATE_DURABLE, compact=True)
 
     def remove(self, uid: str) -> None:
         """The claim's CDI spec, metadata specs and metadata directory; what is missing is fine."""
-        cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid))
+        cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid), durable=PREPARED_STATE_DURABLE)
         self.metadata.remove(uid)
 
     def spec_uids(self) -> set[str]:

@@ -33,7 +33,9 @@ def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
     out: dict[str, Any] = {"interfaceName": planned.config.nic.interface_name if exclusive else nic.ifname}
     if nic.mac:
         out["hardwareAddress"] = nic.mac
-    ips = [canonical_cidr(a) for a in (*nic.ipv4, *nic.ipv6)][:MAX_NETWORK_IPS]
+    # In exclusive mode the claim's own addresses, if it sets any, replace the host's in the pod.
+    addresses = planned.config.nic.addresses if exclusive and planned.config.nic.addresses else (*nic.ipv4, *nic.ipv6)
+    ips = [canonical_cidr(a) for a in addresses][:MAX_NETWORK_IPS]
     if ips:
         out["ips"] = ips
     return out
@@ -55,7 +57,7 @@ def status_entries(
                     "type": "Ready",
                     "status": "True",
                     "reason": "Prepared",
-                    "message": f"prepared on node {settings.pool}",
+                    "message": f"prepared on node {settings.pool}" + (_EXCLUSIVE_NOTE if r.exclusive else ""),
                     "lastTransitionTime": ready_since.get((r.device, r.share_id), now),
                 }
             ],
@@ -66,6 +68,14 @@ def status_entries(
             entry["networkData"] = r.network_data
         out.append(entry)
     return out
+
+
+# What exclusive mode does and does not move (docs/scenarios.md, 'Exclusive NICs'), said where
+# users look: CDI netDevices moves the netdev; no runtime moves the RDMA device.
+_EXCLUSIVE_NOTE = (
+    "; the netdev moves into the pod under networkData.interfaceName; the RDMA device is not moved: "
+    "the pod uses it through the kernel's shared RDMA namespace"
+)
 
 
 def _ready_since(settings: PrepareSettings, current: Sequence[dict[str, Any]]) -> dict[tuple[Any, Any], str]:

@@ -16,7 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn, cast
 
-from driver.config import Config, ConfigError, NicExclusions, parse_device_kinds, parse_xids
+from driver.config import (
+    DEFAULT_NIC_SHARES,
+    Config,
+    ConfigError,
+    DynamicMig,
+    NicExclusions,
+    parse_device_kinds,
+    parse_xids,
+)
 from driver.health import parse_taint_effects
 
 EXIT_USAGE = 2
@@ -89,6 +97,12 @@ def _number(text: str) -> float:
 def _count(text: str) -> int:
     if not text.strip().isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not a verbosity level (0, 1, 2, ...)")
+    return int(text)
+
+
+def _whole_number(text: str) -> int:
+    if not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
     return int(text)
 
 
@@ -236,6 +250,23 @@ def _add_run_flags(p: _Parser) -> None:
     )
     _flag(
         p,
+        "--dynamic-mig",
+        env="DYNAMIC_MIG",
+        default="",
+        metavar="GPUS",
+        help="GPUs in MIG mode whose MIG devices are made on demand: all, or comma-separated minor numbers "
+        "and GPU UUIDs",
+    )
+    _flag(
+        p,
+        "--nic-shares",
+        env="NIC_SHARES",
+        default=str(DEFAULT_NIC_SHARES),
+        convert=_whole_number,
+        help="claims that may share one RoCE NIC (its `shares` capacity); 1: each NIC to one claim",
+    )
+    _flag(
+        p,
         "--nic-link-source",
         env="NIC_LINK_SOURCE",
         default="netlink",
@@ -271,10 +302,12 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         nic_link_source=ns.nic_link_source,
         netns=ns.netns,
         exclude_nics=NicExclusions.parse(ns.exclude_nics),
+        dynamic_mig=DynamicMig.parse(ns.dynamic_mig),
         ignored_xids=parse_xids(ns.ignored_xids),
         taint_effects=tuple(ns.taint_effect),
         health_quiet_period=ns.health_quiet_period,
         link_debounce=ns.link_debounce,
+        nic_shares=ns.nic_shares,
     ).validate()
     try:
         parse_taint_effects(config.taint_effects, config.driver_name)

@@ -21,6 +21,10 @@ _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,62}$")
 _LISTEN = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
 
 DRIVER_NAME_MAX = 63
+# Shares of one RoCE NIC: the NVIDIA Network Operator's default for the RDMA shared device plugin
+# (`rdmaHcaMax: 63`); at most as many as that plugin's own largest examples (1000).
+DEFAULT_NIC_SHARES = 63
+MAX_NIC_SHARES = 1000
 
 
 class ConfigError(ValueError):
@@ -77,6 +81,30 @@ NO_EXCLUSIONS = NicExclusions()
 
 
 @dataclass(frozen=True)
+class DynamicMig:
+    """`--dynamic-mig`: the GPUs whose MIG devices Tandem makes on demand (`all`, or minor numbers
+    and GPU UUIDs). A flag, not a DeviceClass: it decides what the node publishes (partitions and
+    counters instead of the MIG devices an administrator made), before any claim exists. Only GPUs
+    the administrator put in MIG mode are affected; Tandem never switches a GPU's MIG mode."""
+
+    everything: bool = False
+    gpus: frozenset[str] = frozenset()
+
+    @classmethod
+    def parse(cls, text: str) -> DynamicMig:
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if parts == ["all"]:
+            return cls(everything=True)
+        for part in parts:
+            if not (part.isdigit() or re.fullmatch(r"GPU-[0-9A-Fa-f-]{1,60}", part)):
+                raise ConfigError(f"--dynamic-mig: {part!r} is not 'all', a GPU minor number or a GPU UUID")
+        return cls(gpus=frozenset(parts))
+
+    def selects(self, minor: int, uuid: str) -> bool:
+        return self.everything or str(minor) in self.gpus or uuid in self.gpus
+
+
+@dataclass(frozen=True)
 class Config:
     node_name: str
     driver_name: str = "tandem.dev"
@@ -101,12 +129,15 @@ class Config:
     # Network namespace whose NICs to serve (a name under /var/run/netns); empty = the daemon's own.
     netns: str = ""
     exclude_nics: NicExclusions = NO_EXCLUSIONS
+    dynamic_mig: DynamicMig = DynamicMig()
     # Health policy: XIDs that are the application's fault, per-key taint effects (KEY=EFFECT),
     # how long a transient GPU condition must stay quiet before its taint clears, link debounce.
     ignored_xids: frozenset[int] = frozenset()
     taint_effects: tuple[str, ...] = ()
     health_quiet_period: float = 600.0
     link_debounce: float = 2.0
+    # Claims one RoCE NIC may serve at once (consumable capacity `shares`; 1: not shared).
+    nic_shares: int = DEFAULT_NIC_SHARES
 
     @property
     def data_dir(self) -> Path:
@@ -151,6 +182,8 @@ class Config:
                 raise ConfigError(f"{flag} {seconds} must be a finite number of seconds, {rule}")
         if self.netns and not (re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", self.netns) and self.netns not in (".", "..")):
             raise ConfigError(f"--netns {self.netns!r} must be the name of a namespace under /var/run/netns")
+        if not 1 <= self.nic_shares <= MAX_NIC_SHARES:
+            raise ConfigError(f"--nic-shares {self.nic_shares} must be 1 to {MAX_NIC_SHARES}")
         if self.nic_link_source not in ("netlink", "sysfs"):
             raise ConfigError(f"--nic-link-source {self.nic_link_source!r} must be netlink or sysfs")
         listen = _LISTEN.fullmatch(self.metrics_address)

@@ -2,7 +2,9 @@
 
 Users put these in a DeviceClass or a ResourceClaim (`spec.devices.config[].opaque`); the
 scheduler copies them into the allocation. Decoding is strict - an unknown or mistyped field is
-an error naming the field, because a silently ignored `mode: exclusiv` is worse than a failed pod.
+an error naming the field, because a silently ignored `mode: exclusiv` is worse than a failed pod;
+so are values: an address, route or MTU the kernel would refuse fails the claim at prepare, not
+the container later.
 Class configs apply before claim configs, in list order; later entries win field by field.
 
 Some fields grant more than a device: `NicConfig.mad` exposes `umad`/`issm`, with which a pod
@@ -15,6 +17,7 @@ fail the claim.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -37,6 +40,14 @@ class GpuConfig:
 
 
 @dataclass(frozen=True)
+class Route:
+    """A route the pod's interface gets: to `destination` (a network), through `via` (or on-link)."""
+
+    destination: str
+    via: str = ""
+
+
+@dataclass(frozen=True)
 class NicConfig:
     # shared: the netdev stays in the host namespace, the pod gets the RDMA char devices.
     # exclusive: the netdev moves into the pod (CDI netDevices) under `interface_name`.
@@ -44,12 +55,28 @@ class NicConfig:
     interface_name: str = ""
     # Also expose umad/issm (management datagrams: needed by ibstat, subnet tools; not by NCCL).
     mad: bool = False
+    # Exclusive mode only: the interface's settings in the pod (`driver.nic_setup`). Addresses
+    # replace those it brought from the host; mtu 0 keeps its MTU.
+    addresses: tuple[str, ...] = ()
+    routes: tuple[Route, ...] = ()
+    mtu: int = 0
 
 
 _FIELDS: dict[str, dict[str, tuple[str, type]]] = {
     "GpuConfig": {"pairNics": ("pair_nics", bool)},
-    "NicConfig": {"mode": ("mode", str), "interfaceName": ("interface_name", str), "mad": ("mad", bool)},
+    "NicConfig": {
+        "mode": ("mode", str),
+        "interfaceName": ("interface_name", str),
+        "mad": ("mad", bool),
+        "addresses": ("addresses", list),
+        "routes": ("routes", list),
+        "mtu": ("mtu", int),
+    },
 }
+MAX_ADDRESSES = 16  # what networkData.ips can report
+MAX_ROUTES = 16
+MIN_MTU, MIN_MTU_IPV6, MAX_MTU = 68, 1280, 65535
+_IP_SETTINGS = ("addresses", "routes", "mtu")
 # Fields only a DeviceClass may set, and why (see the module docstring).
 _CLASS_ONLY: dict[tuple[str, str], str] = {
     ("NicConfig", "mad"): "umad/issm let a pod act as an InfiniBand subnet manager for the whole fabric",
@@ -105,7 +132,59 @@ def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
             raise ConfigDecodeError(
                 f"{where}: NicConfig.interfaceName {out['interface_name'][:40]!r} is not a valid interface name"
             )
+        out.update(_ip_settings(where, out))
     return kind, out
+
+
+def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    """NicConfig.addresses, .routes and .mtu, checked as the kernel would take them: canonical
+    addresses (host bits kept, as networkData reports them), routes to networks (no host bits),
+    gateways of the same family inside a configured address's network, an MTU IPv6 can use."""
+    out: dict[str, Any] = {}
+    addresses = []
+    for i, text in enumerate(values.get("addresses", ())):
+        field_ = f"{where}: NicConfig.addresses[{i}]"
+        try:
+            address = ipaddress.ip_interface(text) if isinstance(text, str) else None
+        except ValueError:
+            address = None
+        if address is None or "/" not in text:
+            raise ConfigDecodeError(f"{field_} {str(text)[:60]!r} is not an address with a prefix length (10.0.0.5/24)")
+        ip = address.ip
+        if ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip.is_link_local:
+            raise ConfigDecodeError(f"{field_} {text!r} is a loopback, multicast, unspecified or link-local address")
+        if address in addresses:
+            raise ConfigDecodeError(f"{field_} {text!r} is given twice")
+        addresses.append(address)
+    if len(addresses) > MAX_ADDRESSES:
+        raise ConfigDecodeError(f"{where}: NicConfig.addresses has {len(addresses)} entries, at most {MAX_ADDRESSES}")
+    routes = []
+    for i, raw in enumerate(values.get("routes", ())):
+        field_ = f"{where}: NicConfig.routes[{i}]"
+        if not isinstance(raw, dict) or not set(raw) <= {"destination", "via"} or "destination" not in raw:
+            raise ConfigDecodeError(f"{field_} must be an object with destination and, optionally, via")
+        try:
+            destination = ipaddress.ip_network(raw["destination"], strict=True)
+            via = ipaddress.ip_address(raw["via"]) if raw.get("via") is not None else None
+        except (TypeError, ValueError) as e:
+            raise ConfigDecodeError(f"{field_}: {e}") from None
+        if via is not None and via.version != destination.version:
+            raise ConfigDecodeError(f"{field_}: via {via} and destination {destination} are of different IP versions")
+        if via is not None and addresses and not any(via in a.network for a in addresses):
+            raise ConfigDecodeError(f"{field_}: via {via} is in none of the networks of NicConfig.addresses")
+        routes.append(Route(str(destination), str(via) if via is not None else ""))
+    if len(routes) > MAX_ROUTES:
+        raise ConfigDecodeError(f"{where}: NicConfig.routes has {len(routes)} entries, at most {MAX_ROUTES}")
+    if "mtu" in values:
+        low = MIN_MTU_IPV6 if any(a.version == 6 for a in addresses) else MIN_MTU
+        if not low <= values["mtu"] <= MAX_MTU:
+            raise ConfigDecodeError(f"{where}: NicConfig.mtu {values['mtu']} must be {low} to {MAX_MTU}")
+        out["mtu"] = values["mtu"]
+    if "addresses" in values:
+        out["addresses"] = tuple(str(a) for a in addresses)
+    if "routes" in values:
+        out["routes"] = tuple(routes)
+    return out
 
 
 def _applies(entry: OpaqueEntry, request: str) -> bool:
@@ -127,6 +206,11 @@ def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
             cfg.nic = dataclasses.replace(cfg.nic, **values)
     if cfg.nic.mode == "exclusive" and not cfg.nic.interface_name:
         raise ConfigDecodeError(f"request {request!r}: NicConfig.mode exclusive needs interfaceName")
+    if cfg.nic.mode != "exclusive" and (cfg.nic.addresses or cfg.nic.routes or cfg.nic.mtu):
+        raise ConfigDecodeError(
+            f"request {request!r}: NicConfig.{'/'.join(_IP_SETTINGS)} apply to mode exclusive only: in shared mode "
+            "the netdev stays the host's"
+        )
     return cfg
 
 

@@ -17,8 +17,9 @@ Per prepared claim and request (docs/reference/device-metadata.md):
 * its CDI ID `<driver>/metadata=<claimUID>_<baseRequest>` goes to the first response device of
   that request (`assign_metadata_ids`).
 
-New files appear atomically (temporary file, fsync, rename). An update rewrites the host file in
-place instead, because containers bind-mount it by inode and would never see a renamed file.
+New files appear atomically (temporary file, rename), not durably (`driver.fsutil` says why). An
+update rewrites the host file in place instead, because containers bind-mount it by inode and
+would never see a renamed file.
 Every path built from claim data is checked to stay under its base directory.
 
 The files also say which claim a UID belongs to (`claim_names`), which is what rebuilding the
@@ -38,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 import cdi
-from cdi import atomic_write, fsync_dir, is_dns_label
+from cdi import atomic_write, is_dns_label
+from driver.fsutil import PREPARED_STATE_DURABLE
 from driver.model import Device, attribute_to_api
 
 log = logging.getLogger(__name__)
@@ -109,9 +111,9 @@ def _dns_label(value: str, what: str) -> str:
 
 def _under(base: Path, path: Path) -> Path:
     """Defence in depth: `path` must lie strictly inside `base` after normalisation."""
-    norm_base = os.path.normpath(os.path.abspath(base))
-    norm = os.path.normpath(os.path.abspath(path))
-    if os.path.commonpath([norm_base, norm]) != norm_base or norm == norm_base:
+    norm_base = os.path.abspath(base)
+    norm = os.path.abspath(path)
+    if not norm.startswith(norm_base.rstrip("/") + "/"):
         raise MetadataError(f"metadata path {path} is outside {base}")
     return Path(norm)
 
@@ -250,21 +252,32 @@ class MetadataWriter:
             if base in by_base:
                 raise MetadataError(f"requests {by_base[base]!r} and {request!r} share the base request {base!r}")
             by_base[base] = request
-        for request in by_base.values():  # every path checked before the first file is written
-            self.host_file(uid, request)
-            self.container_path(name, pod_claim_name, request)
-            self.spec_filename(uid, request)
+        paths = {  # every path checked before the first file is written
+            request: (
+                self.host_file(uid, request),
+                self.container_path(name, pod_claim_name, request),
+                _under(self.cdi_root, self.cdi_root / self.spec_filename(uid, request)).name,
+            )
+            for request in by_base.values()
+        }
         ids: dict[str, str] = {}
         for base, request in by_base.items():
-            self._write_request(namespace, name, uid, pod_claim_name, request, groups[request])
-            self._write_spec(namespace, name, uid, pod_claim_name, request)
+            host_file, container_path, spec_filename = paths[request]
+            self._write_request(host_file, namespace, name, uid, pod_claim_name, request, groups[request])
+            self._write_spec(host_file, container_path, spec_filename, f"{uid}_{base}")
             ids[base] = self.cdi_id(uid, request)
         return ids
 
     def _write_request(
-        self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str, devices: Sequence[MetadataDevice]
+        self,
+        path: Path,
+        namespace: str,
+        name: str,
+        uid: str,
+        pod_claim_name: str,
+        request: str,
+        devices: Sequence[MetadataDevice],
     ) -> None:
-        path = self.host_file(uid, request)
         try:
             existing = self._read(path)
         except MetadataError as e:  # e.g. an in-place update torn by a crash: start over
@@ -286,26 +299,17 @@ class MetadataWriter:
             path,
             encode_stream([_document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)]),
             FILE_MODE,
+            durable=PREPARED_STATE_DURABLE,
         )
 
-    def _write_spec(self, namespace: str, name: str, uid: str, pod_claim_name: str, request: str) -> None:
-        base = base_request(request)
-        mount = cdi.Mount(
-            host_path=str(self.host_file(uid, request)),
-            container_path=self.container_path(name, pod_claim_name, request),
-            options=MOUNT_OPTIONS,
-        )
+    def _write_spec(self, host_file: Path, container_path: str, filename: str, device: str) -> None:
+        mount = cdi.Mount(host_path=str(host_file), container_path=container_path, options=MOUNT_OPTIONS)
         spec = cdi.make_spec(
             f"{self.driver}/{CDI_CLASS}",
-            [cdi.Device(name=f"{uid}_{base}", container_edits=cdi.ContainerEdits(mounts=(mount,)))],
+            [cdi.Device(name=device, container_edits=cdi.ContainerEdits(mounts=(mount,)))],
             cdi_version=CDI_VERSION,
         )
-        filename = self.spec_filename(uid, request)
-        target = _under(self.cdi_root, self.cdi_root / filename)
-        with contextlib.suppress(OSError):
-            if target.read_bytes() == spec.to_json().encode():
-                return
-        cdi.write_spec(self.cdi_root, spec, filename)
+        cdi.update_spec(self.cdi_root, spec, filename, durable=PREPARED_STATE_DURABLE)
 
     # -- update -----------------------------------------------------------------------------------
 
@@ -344,13 +348,12 @@ class MetadataWriter:
     def remove_claim_dir(self, uid: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.claim_dir(uid))
-            fsync_dir(self.root)
 
     def remove_specs(self, uid: str) -> None:
         prefix = f"{self.driver}_metadata_{_component(uid, 'claim UID')}_"
         for path in self._spec_files():
             if path.name.startswith(prefix):
-                cdi.remove_spec(self.cdi_root, path.name)
+                cdi.remove_spec(self.cdi_root, path.name, durable=PREPARED_STATE_DURABLE)
 
     def owned_claim_dirs(self) -> set[str]:
         """The names of the claim directories: claim UIDs (anything else, such as a directory of
@@ -439,6 +442,5 @@ def _rewrite_in_place(path: Path, data: bytes) -> None:
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
-        os.fsync(fd)
     finally:
         os.close(fd)

@@ -76,6 +76,47 @@ class Condition:
 
 
 @dataclass(frozen=True)
+class MigPlacement:
+    """A GPU instance that prepare creates (dynamic MIG, `driver.mig_partitions`): on which GPU, of
+    which GPU instance profile, on which memory slices. NVML allows one GPU instance per memory
+    slice, so this names the instance before it exists and finds it again after a crash."""
+
+    parent_uuid: str
+    profile_id: int  # nvmlGpuInstanceProfileInfo.id, e.g. 19 for 1g.10gb
+    start: int  # first memory slice
+    size: int  # memory slices
+
+
+@dataclass(frozen=True)
+class CounterSet:
+    """A pool's shared counters (`spec.sharedCounters`), e.g. one GPU's MIG slices."""
+
+    name: str
+    counters: tuple[tuple[str, str], ...]  # (counter name, quantity), sorted
+
+
+@dataclass(frozen=True)
+class CounterUse:
+    """What a device consumes of one counter set (`consumesCounters`). The set travels with it, so
+    the slice builder publishes exactly the sets that published devices draw from."""
+
+    counter_set: CounterSet
+    counters: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """How allocations of a multi-allocatable device consume one of its capacities (consumable
+    capacity, docs/reference/resource-api.md): a request is rounded up to `min` + n * `step`, must
+    not exceed `max`, and one that names no amount consumes `default`. Quantities as strings."""
+
+    default: str
+    min: str
+    max: str
+    step: str
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     """What the prepare path needs to know about a GPU or MIG device beyond its attributes."""
 
@@ -87,6 +128,8 @@ class GpuInfo:
     mig_ci: int | None = None
     # /dev/nvidia-caps/nvidia-cap<N> minors that grant access to a MIG device.
     mig_caps: tuple[int, ...] = ()
+    # Dynamic MIG: the GPU instance prepare creates for this device (None: it exists already).
+    placement: MigPlacement | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +166,15 @@ class Device:
     health_message: str = ""
     gpu: GpuInfo | None = None
     nic: NicInfo | None = None
+    # Host bridge, then the PCIe bridges down to the device (`driver.discovery.pcie`): the PCIe
+    # distance of GPU-NIC pairing. Not published (only as the list attribute `pciePath`).
+    pcie_path: tuple[str, ...] = ()
+    # Partitionable devices: the shared counters this device draws from (dynamic MIG).
+    consumes_counters: tuple[CounterUse, ...] = ()
+    # Consumable capacity: many claims may hold the device at once (allowMultipleAllocations),
+    # each consuming of its capacities by these policies (shared NICs).
+    allow_multiple_allocations: bool = False
+    request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash((self.name, self.kind))

@@ -26,14 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import cdi
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
-from driver.claim_cdi import ClaimSpecError, PlannedDevice, claim_spec
+from driver.claim_cdi import ClaimSpecError, PlannedDevice, claim_spec, pairing_metadata, pod_pairs
 from driver.claim_files import ClaimFiles
 from driver.claim_status import current_devices, network_data, status_entries
 from driver.claims import (
@@ -51,7 +52,10 @@ from driver.device_nodes import DeviceNodes
 from driver.discovery.nvidia_files import DriverFiles
 from driver.logs import log_context
 from driver.metadata import MetadataDevice, MetadataError, assign_metadata_ids, attributes_json
+from driver.mig_partitions import MigError, MigPartitions, with_placements
 from driver.model import Device
+from driver.nic_return import NicHomes
+from driver.nic_sharing import check_nic_modes
 from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)
@@ -89,8 +93,14 @@ class Preparer:
         driver_files: Callable[[], DriverFiles],
         files: ClaimFiles,
         workers: int = 16,
+        partitions: MigPartitions | None = None,
+        report_failure: Callable[[ClaimRef, str], None] = lambda _ref, _error: None,
+        nic_homes: NicHomes | None = None,
     ) -> None:
         self._api = api
+        self._report_failure = report_failure  # a Kubernetes Event on the claim (`driver.events`)
+        self._nic_homes = nic_homes  # exclusive NICs' host identity, given back after the pod
+        self._partitions = partitions or MigPartitions(Path("/"), settings.proc_root)
         self._checkpoint = checkpoint
         self._instance = instance
         self._s = settings
@@ -110,14 +120,17 @@ class Preparer:
         waits for the answer (its call has a deadline)."""
         valid, results = self._valid_refs(refs, "prepare")
         with self.claim_locks.hold_all(valid):
-            plans = list(self._pool_exec.map(self._plan_one, valid.values()))
+            plans = self._each(self._plan_one, valid.values())
             ready = [p for p in plans if isinstance(p, _Planned)]
             results.update(
                 (r.uid, p) for r, p in zip(valid.values(), plans, strict=True) if isinstance(p, PrepareResult)
             )
             pod_devices = [d for p in ready for d in p.planned]
-            prepared = self._pool_exec.map(lambda p: self._prepare_one(p, pod_devices, alive), ready)
+            prepared = self._each(lambda p: self._prepare_one(p, pod_devices, alive), ready)
             results.update(zip([p.ref.uid for p in ready], prepared, strict=True))
+        for ref in valid.values():
+            if results[ref.uid].error:
+                self._report_failure(ref, results[ref.uid].error)
         return {r.uid: results[r.uid] for r in refs}
 
     def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
@@ -125,8 +138,17 @@ class Preparer:
         # Nothing with an invalid reference can have been prepared: succeed so the kubelet stops asking.
         results = dict.fromkeys(invalid, "")
         with self.claim_locks.hold_all(valid):
-            results.update(zip(valid, self._pool_exec.map(self._unprepare_one, valid.values()), strict=True))
+            results.update(zip(valid, self._each(self._unprepare_one, valid.values()), strict=True))
         return {r.uid: results[r.uid] for r in refs}
+
+    def _each(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
+        """`fn` over `items`, on the claim pool when there are several. One claim (the usual call:
+        one pod with one claim of this driver) runs on the calling gRPC thread: two thread
+        hand-offs less per call, a tenth of its CPU."""
+        items = list(items)
+        if len(items) <= 1:
+            return [fn(i) for i in items]
+        return list(self._pool_exec.map(fn, items))
 
     @staticmethod
     def _valid_refs(refs: Sequence[ClaimRef], op: str) -> tuple[dict[str, ClaimRef], dict[str, PrepareResult]]:
@@ -178,20 +200,44 @@ class Preparer:
             except ConfigDecodeError as e:
                 raise ClaimError(f"invalid opaque configuration: {e}") from e
             planned.append(PlannedDevice(device, r.request_names, config, r.share_id))
+        check_nic_modes(claim, planned, self._s.driver_name)
         return planned
 
-    def _prepare_planned(self, p: _Planned, pod_devices: list[PlannedDevice]) -> PrepareResult:
-        ref, records = p.ref, p.records
+    def _spec(
+        self, ref: ClaimRef, planned: list[PlannedDevice], pod_devices: list[PlannedDevice]
+    ) -> tuple[cdi.Spec | None, dict[str, list[str]]]:
         try:
             nodes = DeviceNodes(self._s.dev_root, self._s.proc_root)
-            spec, ids = claim_spec(
-                self._s.driver_name, ref.uid, p.planned, nodes, self._driver_files(), pod_devices=pod_devices
+            return claim_spec(
+                self._s.driver_name, ref.uid, planned, nodes, self._driver_files(), pod_devices=pod_devices
             )
         except (ClaimSpecError, cdi.SpecError) as e:
             raise ClaimError(f"claim {ref.namespace}/{ref.name} cannot be given to a container: {e}") from e
+
+    def _realised(self, p: _Planned, retry: bool) -> list[PlannedDevice]:
+        """Dynamic MIG: the claim's MIG devices made after phase 1 recorded them; found made only
+        when an earlier call for this claim recorded them first (`retry`). A failure that left the
+        node as it was rolls phase 1 back: a record naming nothing made must not outlive the call
+        (unprepare would destroy whatever is at those placements, someone else's included)."""
+        try:
+            devices = self._partitions.realise([d.device for d in p.planned], adopt=retry)
+        except MigError as e:
+            if e.nothing_left:
+                with self._checkpoint.transaction() as claims:
+                    mine = claims.get(p.ref.uid)
+                    if mine is not None and mine.state == STATE_STARTED and mine.owner == self._instance.instance_id:
+                        del claims[p.ref.uid]
+            raise ClaimError(f"claim {p.ref.namespace}/{p.ref.name}: {e}") from e
+        return [dataclasses.replace(d, device=m) for d, m in zip(p.planned, devices, strict=True)]
+
+    def _prepare_planned(self, p: _Planned, pod_devices: list[PlannedDevice]) -> PrepareResult:
+        ref, records = p.ref, with_placements(p.records, {d.device.name: d.device for d in p.planned})
+        dynamic = any(r.mig for r in records)  # its spec needs the MIG devices, made after phase 1
+        spec, ids = (None, {}) if dynamic else self._spec(ref, p.planned, pod_devices)
         # Phase 1: claim the devices in the checkpoint before touching anything else.
         with self._checkpoint.transaction() as claims:
             existing = claims.get(ref.uid)
+            retry = existing is not None
             if existing is not None and existing.state == STATE_COMPLETED:
                 completed = existing
             else:
@@ -207,6 +253,8 @@ class Preparer:
                     devices=tuple(records),
                     owner=self._instance.instance_id,
                 )
+        if dynamic:
+            spec, ids = self._spec(ref, self._realised(p, retry), pod_devices)
         if completed is not None:
             # The same answer again. Only the spec may differ, when this call prepares the claim
             # with other claims than before (a retry after one of them failed): it follows them.
@@ -215,8 +263,10 @@ class Preparer:
                     self._check_still_prepared(ref, claims, STATE_COMPLETED)
             return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
+        if self._nic_homes is not None:
+            self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
         self._files.write_spec(ref.uid, spec)
-        metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx)
+        metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx, pod_devices)
         done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), p.planned)
         self._api.apply_claim_status(
             ref.namespace,
@@ -244,7 +294,12 @@ class Preparer:
         raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
 
     def _write_metadata(
-        self, ref: ClaimRef, claim: dict[str, Any], planned: list[PlannedDevice], ctx: dict[str, str]
+        self,
+        ref: ClaimRef,
+        claim: dict[str, Any],
+        planned: list[PlannedDevice],
+        ctx: dict[str, str],
+        pod_devices: list[PlannedDevice],
     ) -> dict[str, str]:
         # Metadata names requests as allocated ("req/sub"), as the reference library does; the
         # kubelet's response uses the parent name only.
@@ -253,12 +308,13 @@ class Preparer:
             if r.get("driver") == self._s.driver_name:
                 refs.setdefault((r["device"], r.get("shareID")), []).append(r["request"])
         pod_claim_name = ((claim.get("metadata") or {}).get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION, "")
+        paired = pairing_metadata(pod_pairs(pod_devices))  # which NIC each GPU got, and why
         devices = [
             MetadataDevice(
                 request=request,
                 pool=self._s.pool,
                 name=p.device.name,
-                attributes=attributes_json(p.device),
+                attributes={**attributes_json(p.device), **paired.get(p.device.name, {})},
                 network_data=network_data(p),
             )
             for p in planned
@@ -302,6 +358,8 @@ class Preparer:
                     log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""
                 self._clear_status(ref, ctx)
+                for placement in (d.mig for d in record.devices if d.mig is not None):
+                    self._partitions.destroy(placement)  # before the record goes: a crash here is retried
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
                 log.info("unprepared", extra=ctx)
@@ -346,15 +404,6 @@ def _with_cdi_ids(
     out = []
     for r, meta in zip(records, extra, strict=True):
         own = remaining.get(r.device, [])
-        out.append(
-            DeviceRecord(
-                request_names=r.request_names,
-                pool=r.pool,
-                device=r.device,
-                cdi_device_ids=(*own[:1], *meta),
-                share_id=r.share_id,
-                admin_access=r.admin_access,
-            )
-        )
+        out.append(dataclasses.replace(r, cdi_device_ids=(*own[:1], *meta)))
         del own[:1]
     return tuple(out)

@@ -1,8 +1,9 @@
 """Start-up reconciliation: the checkpoint against the files on disk, before the kubelet can call.
 
 Removes the temporary files of writes a `kill -9` interrupted, rolls back prepares whose owning
-instance died (PrepareStarted records, `driver.prepare`), and removes the files no record
-accounts for. After the checkpoint was lost (`Checkpoint.incomplete`: found unreadable or
+instance died (PrepareStarted records, `driver.prepare`), finishes unprepares a crash cut short
+after the files went (dynamic MIG: the MIG devices go too, `driver.mig_partitions`), and removes
+the files no record accounts for. After the checkpoint was lost (`Checkpoint.incomplete`: found unreadable or
 missing), files without a record may belong to claims that pods still use, whose containers need
 them on every (re)start: they count as unused only once the API server says so, and the claims
 still in use get their records back by being prepared again.
@@ -12,11 +13,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
-from driver.checkpoint import STATE_STARTED, Checkpoint, InstanceLock
+from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, InstanceLock
 from driver.claim_files import ClaimFiles
 from driver.claims import ClaimAPI, ClaimError, ClaimRef, PrepareSettings, allocated_devices, validate_ref
 from driver.kubeapi import NotFound
+from driver.mig_partitions import MigError, MigPartitions
 from driver.prepare import PrepareResult
 
 log = logging.getLogger(__name__)
@@ -33,6 +36,7 @@ class Reconciler:
         settings: PrepareSettings,
         files: ClaimFiles,
         prepare: Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]],
+        partitions: MigPartitions | None = None,
     ) -> None:
         self._api = api
         self._checkpoint = checkpoint
@@ -40,11 +44,13 @@ class Reconciler:
         self._s = settings
         self._files = files
         self._prepare = prepare
+        self._partitions = partitions or MigPartitions(Path("/"), settings.proc_root)
 
     def run(self) -> None:
         for path in self._files.remove_temp_files(self._checkpoint.path.parent):
             log.info("removed %s, left by a write that was killed", path, extra=_CTX)
         with self._checkpoint.transaction() as claims:
+            specs = self._files.spec_uids()
             for uid, record in list(claims.items()):
                 if record.state == STATE_STARTED and not self._instance.is_alive(record.owner):
                     log.warning(
@@ -54,7 +60,14 @@ class Reconciler:
                         extra={**_CTX, "claim": uid},
                     )
                     self._files.remove(uid)
-                    del claims[uid]
+                    if self._destroy_partitions(record):
+                        del claims[uid]
+                elif record.state == STATE_COMPLETED and uid not in specs and any(d.mig for d in record.devices):
+                    # Unprepare removes the files first: its MIG devices are finished off now.
+                    log.warning("finishing an unprepare of claim %s/%s interrupted by a crash", record.namespace,
+                                record.name, extra={**_CTX, "claim": uid})  # fmt: skip
+                    if self._destroy_partitions(record):
+                        del claims[uid]
             # A claim is prepared on this node exactly while its CDI spec exists; without one,
             # metadata files are leftovers whatever the checkpoint lost.
             unverified = self._files.spec_uids() - set(claims) if self._checkpoint.incomplete else set()
@@ -63,6 +76,18 @@ class Reconciler:
                 self._files.remove(uid)
         if self._checkpoint.incomplete:
             self._recover(unverified)
+
+    def _destroy_partitions(self, record: ClaimRecord) -> bool:
+        """Destroy the MIG devices the record says were (maybe) made; False, with the record kept
+        for the next start or the kubelet's next call, when NVML refuses."""
+        try:
+            for placement in (d.mig for d in record.devices if d.mig is not None):
+                self._partitions.destroy(placement)
+        except MigError as e:
+            log.error("claim %s/%s: %s; its record is kept", record.namespace, record.name, e,
+                      extra={**_CTX, "claim": record.uid})  # fmt: skip
+            return False
+        return True
 
     def _recover(self, uids: set[str]) -> None:
         """A claim with a CDI spec on disk is in use while the API server has it allocated on

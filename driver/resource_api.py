@@ -8,8 +8,10 @@ are the `resource/v1` validation constants (docs/reference/resource-api.md, 'Lim
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping
+from decimal import Decimal
 
 API_VERSION = "resource.k8s.io/v1"
 
@@ -17,6 +19,11 @@ API_VERSION = "resource.k8s.io/v1"
 # consumesCounters or list-typed attributes (ResourceSliceMaxDevicesWithAdvancedFeatures).
 MAX_DEVICES_PER_SLICE = 128
 MAX_DEVICES_ADVANCED = 64
+# Counter sets in one slice (ResourceSliceMaxCounterSets); counters in a set or consumed by one
+# device from one set (...MaxCountersPerCounterSet, ...MaxCountersPerDeviceCounterConsumption).
+# A device may consume from at most 2 sets; a dynamic-MIG device uses one.
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS = 32
 
 # Per device: attribute and capacity entries together, attribute values (a list attribute counts
 # each element), characters of a string or version value, taints.
@@ -40,3 +47,25 @@ def rfc3339(wall: float | None = None) -> str:
     `wall` is Unix time; None is now.
     """
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if wall is None else wall))
+
+
+# resource.Quantity's grammar (apimachinery): a decimal number, then a binary-SI suffix, a
+# decimal-SI suffix or a decimal exponent.
+_QUANTITY = re.compile(r"([+-]?(?:\d+(?:\.\d*)?|\.\d+))(?:([KMGTPE]i|[numkMGTPE]?)|[eE]([+-]?\d+))")
+_SCALE = {
+    **{s: Decimal(1024) ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+    **{
+        s: Decimal(10) ** e
+        for s, e in {"n": -9, "u": -6, "m": -3, "": 0, "k": 3, "M": 6, "G": 9, "T": 12, "P": 15, "E": 18}.items()
+    },
+}
+
+
+def parse_quantity(text: str) -> Decimal:
+    """The exact value of a quantity string (`80Gi`, `500m`, `1e3`), so that two spellings of one
+    value compare equal, as the API server's canonical rewrite makes them; ValueError if not one."""
+    m = _QUANTITY.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a quantity")
+    number, suffix, exponent = m.groups()
+    return Decimal(number) * (Decimal(10) ** int(exponent) if exponent is not None else _SCALE[suffix])

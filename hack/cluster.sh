@@ -5,7 +5,7 @@
 #   hack/cluster.sh env     export lines for a shell: eval "$(hack/cluster.sh env)"
 #   hack/cluster.sh status  what runs, and where each component logs
 #   hack/cluster.sh down    stop everything and remove the cluster's state
-#   hack/cluster.sh restart COMPONENT   e.g. kubelet, containerd, kube-apiserver, tandem
+#   hack/cluster.sh restart COMPONENT   e.g. kubelet, containerd, kube-apiserver, nic-hardware, tandem
 #   hack/cluster.sh image [TAG]         build the Dockerfile's image, load it into the node
 #   hack/cluster.sh build   only build (or find cached) binaries and images
 #

@@ -59,7 +59,21 @@ RESOURCE_GROUP = "resource.k8s.io"
 
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("nodes", "Node", "", "v1", namespaced=False, subresources=("status",), short_names=("no",)),
-    ResourceType("events", "Event", "", "v1", namespaced=True, short_names=("ev",)),
+    # The events.k8s.io/v1 view of Events, the one the driver writes (a real server also serves the
+    # core v1 view of the same objects; nothing here reads that).
+    ResourceType(
+        "events",
+        "Event",
+        "events.k8s.io",
+        "v1",
+        namespaced=True,
+        short_names=("ev",),
+        extra_fields={
+            "regarding.kind": path_getter("regarding", "kind"),
+            "regarding.name": path_getter("regarding", "name"),
+            "reason": path_getter("reason"),
+        },
+    ),
     ResourceType(
         "resourceslices",
         "ResourceSlice",

@@ -28,6 +28,7 @@ import jsonschema
 from referencing import Registry, Resource
 
 from sim import apiquantity
+from sim.capacity import request_policy_problems
 
 SCHEMA_VERSION = "v1.37.0-local-strict"
 
@@ -40,6 +41,9 @@ MAX_ATTRIBUTE_VALUES = 48
 MAX_VALUE_LENGTH = 64
 MAX_TAINTS = 16
 MAX_COUNTER_SETS = 8
+MAX_COUNTERS_PER_SET = 32
+MAX_COUNTER_CONSUMPTIONS = 2
+MAX_COUNTERS_PER_CONSUMPTION = 32
 MAX_DEVICE_CONDITIONS = 8
 MAX_NETWORK_IPS = 16
 LIST_VALUE_FIELDS = ("ints", "bools", "strings", "versions")
@@ -48,6 +52,7 @@ TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _SEMVER = re.compile(
@@ -185,10 +190,19 @@ def slice_problems(spec: dict[str, Any]) -> list[str]:
     problems += _pool_problems(spec.get("pool"))
     problems += _node_selection_problems(spec)
     devices = spec.get("devices") or []
-    if devices and spec.get("sharedCounters"):
-        problems.append("spec: Invalid value: only one of devices and sharedCounters may be set")
-    if len(spec.get("sharedCounters") or []) > MAX_COUNTER_SETS:
-        problems.append(f"spec.sharedCounters: Too many: must have at most {MAX_COUNTER_SETS} items")
+    if spec.get("devices") is not None and spec.get("sharedCounters") is not None:
+        problems.append('spec: Invalid value: "": only one of `sharedCounters` or `devices` is allowed')
+    shared = spec.get("sharedCounters") or []
+    if len(shared) > MAX_COUNTER_SETS:
+        problems.append(f"spec.sharedCounters: Too many: {len(shared)}: must have at most {MAX_COUNTER_SETS} items")
+    set_names: set[str] = set()
+    for i, counter_set in enumerate(shared):
+        path = f"spec.sharedCounters[{i}]"
+        problems += dns_label_problems(f"{path}.name", counter_set.get("name"))
+        if counter_set.get("name") in set_names:
+            problems.append(f"{path}.name: Duplicate value: {counter_set.get('name')!r}")
+        set_names.add(counter_set.get("name"))
+        problems += _counters_problems(f"{path}.counters", counter_set.get("counters"), MAX_COUNTERS_PER_SET)
     limit = MAX_DEVICES_ADVANCED if any(uses_advanced_features(d) for d in devices) else MAX_DEVICES
     if len(devices) > limit:
         problems.append(f"spec.devices: Too many: {len(devices)}: must have at most {limit} items")
@@ -267,14 +281,28 @@ def _device_problems(path: str, device: dict[str, Any], per_device_nodes: bool) 
         )
     for key, cap in capacity.items():
         problems += qualified_name_problems(f"{path}.capacity[{key}]", key)
-        if (
-            isinstance(cap, dict)
-            and cap.get("requestPolicy") is not None
-            and not device.get("allowMultipleAllocations")
-        ):
+        if not isinstance(cap, dict) or cap.get("requestPolicy") is None:
+            continue
+        if not device.get("allowMultipleAllocations"):
             problems.append(
                 f"{path}.capacity[{key}].requestPolicy: Forbidden: allowed only with allowMultipleAllocations"
             )
+        else:
+            problems += request_policy_problems(f"{path}.capacity[{key}].requestPolicy", cap)
+    consumes = device.get("consumesCounters") or []
+    if len(consumes) > MAX_COUNTER_CONSUMPTIONS:
+        problems.append(
+            f"{path}.consumesCounters: Too many: {len(consumes)}: must have at most {MAX_COUNTER_CONSUMPTIONS} items"
+        )
+    consumed: set[str] = set()
+    for j, use in enumerate(consumes):
+        problems += dns_label_problems(f"{path}.consumesCounters[{j}].counterSet", use.get("counterSet"))
+        if use.get("counterSet") in consumed:
+            problems.append(f"{path}.consumesCounters[{j}].counterSet: Duplicate value: {use.get('counterSet')!r}")
+        consumed.add(use.get("counterSet"))
+        problems += _counters_problems(
+            f"{path}.consumesCounters[{j}].counters", use.get("counters"), MAX_COUNTERS_PER_CONSUMPTION
+        )
     taints = device.get("taints") or []
     if len(taints) > MAX_TAINTS:
         problems.append(f"{path}.taints: Too many: {len(taints)}: must have at most {MAX_TAINTS} items")
@@ -293,6 +321,18 @@ def _device_problems(path: str, device: dict[str, Any], per_device_nodes: bool) 
         problems.append(f"{path}: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes` is required")
     if not per_device_nodes and own:
         problems.append(f"{path}.{own[0]}: Forbidden: only allowed when spec.perDeviceNodeSelection is true")
+    return problems
+
+
+def _counters_problems(path: str, counters: Any, limit: int) -> list[str]:
+    """A counter map: 1 to `limit` entries, each named by a DNS label."""
+    if not isinstance(counters, dict) or not counters:
+        return [f"{path}: Required value"]
+    problems = []
+    if len(counters) > limit:
+        problems.append(f"{path}: Too many: {len(counters)}: must have at most {limit} items")
+    for name in counters:
+        problems += dns_label_problems(f"{path}[{name}]", name)
     return problems
 
 
@@ -362,6 +402,17 @@ def slice_quantity_path(path: str) -> bool:
     return bool(_SLICE_QUANTITY_PATHS.match(path))
 
 
+_CLAIM_QUANTITY_PATHS = re.compile(
+    r"^(spec\.devices\.requests\[\]\.(exactly|firstAvailable\[\])\.capacity\.requests\.\{\}"
+    r"|status\.allocation\.devices\.results\[\]\.consumedCapacity\.\{\})$"
+)
+
+
+def claim_quantity_path(path: str) -> bool:
+    """Capacity requests of a claim and what its allocation consumed (consumable capacity)."""
+    return bool(_CLAIM_QUANTITY_PATHS.match(path))
+
+
 # --- ResourceClaim ------------------------------------------------------------------------------
 
 
@@ -378,9 +429,14 @@ def device_status_key(entry: dict[str, Any]) -> tuple[str, str, str, str]:
 def claim_status_problems(status: dict[str, Any]) -> list[str]:
     """status.devices rules (docs/reference/resource-api.md, 'Claim status: devices'): unique keys, allocated devices only, conditions, IPs."""
     problems: list[str] = []
-    allocated = {
-        device_status_key(r) for r in (((status.get("allocation") or {}).get("devices") or {}).get("results") or [])
-    }
+    results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+    allocated = {device_status_key(r) for r in results}
+    for i, result in enumerate(results):
+        share = result.get("shareID")
+        if share is not None and not _UID.match(str(share)):
+            problems.append(
+                f"status.allocation.devices.results[{i}].shareID: Invalid value: {share!r}: must be a lowercase UUID"
+            )
     seen: set[tuple[str, str, str, str]] = set()
     for i, entry in enumerate(status.get("devices") or []):
         path = f"status.devices[{i}]"

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from pathlib import Path
+
+from sim.pcie import BRIDGE_CLASS, bridge_config, bridge_ids, port_type
 
 _PCI_CLASS_BY_VENDOR = {0x10DE: 0x030200, 0x15B3: 0x020000}  # 3D controller, Ethernet controller
 
@@ -37,19 +40,29 @@ def pci_device_dir(
     driver: str | None,
     *,
     pci_class: int | None = None,
+    bridges: Sequence[str] = (),
 ) -> Path:
     """Create a PCI function's sysfs directory and its links; return the real directory.
 
     `pci_class` defaults to a 3D controller for NVIDIA and an Ethernet controller otherwise.
+    `bridges`: the PCIe bridges between the host bridge and the function, root port first, each
+    rendered with its config space (`sim.pcie`); without them a function off the root bus gets a
+    root port of its own.
     """
     domain, bus, _ = bdf.split(":", 2)
     root_bus = pcie_root.split(":")[-1]
     parent = sysfs_root / "devices" / pcie_root
-    if bus != root_bus:
-        bridge = f"{domain}:{root_bus}:01.0"
+    if not bridges and bus != root_bus:
+        bridges = (f"{domain}:{root_bus}:01.0",)
+    for position, bridge in enumerate(bridges):
         parent = parent / bridge
-        write(parent / "class", "0x060400\n")
-        write(parent / "vendor", "0x8086\n")
+        port = port_type(position)
+        bridge_vendor, bridge_device = bridge_ids(port)
+        write(parent / "class", f"0x{BRIDGE_CLASS:06x}\n")
+        write(parent / "vendor", f"0x{bridge_vendor:04x}\n")
+        write(parent / "device", f"0x{bridge_device:04x}\n")
+        (parent / "config").write_bytes(bridge_config(bridge_vendor, bridge_device, port))
+        symlink(sysfs_root / "bus" / "pci" / "devices" / bridge, parent)
     real = parent / bdf
     cls = pci_class if pci_class is not None else _PCI_CLASS_BY_VENDOR.get(vendor, 0x020000)
     write(real / "numa_node", f"{numa_node}\n")

@@ -78,6 +78,7 @@ def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
         nic.vendor_id,
         nic.device_id,
         nic.driver or None,
+        bridges=nic.pcie_bridges,
     )
     if nic.ifname:
         render_netdev(fn, sysfs_root, nic, nic.ifname)

@@ -16,6 +16,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.pcie import hgx_board
+
 # NVML constants the profile refers to by value (nvidia-ml-py names in comments).
 BRAND_NVIDIA = 14  # NVML_BRAND_NVIDIA
 ARCH_AMPERE = 7  # NVML_DEVICE_ARCH_AMPERE
@@ -23,12 +25,85 @@ ARCH_HOPPER = 9  # NVML_DEVICE_ARCH_HOPPER
 
 
 @dataclass
+class MigProfileSpec:
+    """One GPU instance profile of a MIG-capable GPU, as NVML describes it.
+
+    `enum` is the `NVML_GPU_INSTANCE_PROFILE_*` value passed to
+    nvmlDeviceGetGpuInstanceProfileInfo, `id` the profile ID it returns (nvidia-smi's "ID", what
+    the placement and creation calls take). A GPU instance of this profile occupies `size`
+    consecutive memory slices starting at one of `starts` (nvmlDeviceGetGpuInstancePossiblePlacements)
+    and `slices` compute slices; at most `instances` exist at once (nvmlGpuInstanceProfileInfo's
+    instanceCount). Engines are the GPU instance's own (the "+me" profiles carry the single OFA).
+    """
+
+    name: str  # e.g. "1g.10gb"
+    enum: int
+    id: int
+    slices: int
+    instances: int
+    starts: list[int]
+    size: int
+    memory_mb: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    jpeg: int
+    ofa: int
+    encoders: int = 0
+
+
+def _mig_table(
+    memory_gb: tuple[int, int, int, int], memory_mb: tuple[int, int, int, int, int], sms: tuple[int, ...],
+    decoders: tuple[int, ...], jpeg: tuple[int, ...], copy_engines: tuple[int, ...],
+) -> list[MigProfileSpec]:  # fmt: skip
+    """The seven profiles of an 8-memory-slice, 7-compute-slice GPU (A100, H100, H200): geometry and
+    IDs from NVIDIA's MIG user guide ('Supported MIG Profiles'), `nvidia-smi mig -lgip/-lgipp`.
+
+    `memory_gb`: the names' sizes of 1, 2, 4 and 8 memory slices; `memory_mb`: what NVML reports for
+    1g, 1g (2 slices), 2g, 3g/4g, 7g; `sms`, `decoders`, `jpeg`, `copy_engines`: per profile in
+    table order. The H200's are read from real NVML (driver 580.159.04, nvidia-ml-py): enums, IDs,
+    placements, instance counts, engines and memory exactly; the others' memory sizes are close.
+    """
+    one, two, four, full = memory_gb
+    rows = [  # name, enum (NVML_GPU_INSTANCE_PROFILE_*), id, compute slices, instances, starts, size, memory
+        (f"1g.{one}gb", 0x0, 19, 1, 7, list(range(7)), 1, memory_mb[0]),  # 1_SLICE
+        (f"1g.{one}gb+me", 0x7, 20, 1, 1, list(range(7)), 1, memory_mb[0]),  # 1_SLICE_REV1
+        (f"1g.{two}gb", 0x9, 15, 1, 4, [0, 2, 4, 6], 2, memory_mb[1]),  # 1_SLICE_REV2
+        (f"2g.{two}gb", 0x1, 14, 2, 3, [0, 2, 4], 2, memory_mb[2]),  # 2_SLICE
+        (f"3g.{four}gb", 0x2, 9, 3, 2, [0, 4], 4, memory_mb[3]),  # 3_SLICE
+        (f"4g.{four}gb", 0x3, 5, 4, 1, [0], 4, memory_mb[3]),  # 4_SLICE
+        (f"7g.{full}gb", 0x4, 0, 7, 1, [0], 8, memory_mb[4]),  # 7_SLICE
+    ]
+    ofa = (0, 1, 0, 0, 0, 0, 1)  # the one OFA: the media-extension profile's, or the whole GPU's
+    return [
+        MigProfileSpec(name, enum, pid, g, n, starts, size, mb, sms[i], copy_engines[i], decoders[i], jpeg[i], ofa[i])
+        for i, (name, enum, pid, g, n, starts, size, mb) in enumerate(rows)
+    ]
+
+
+_AMPERE_ENGINES = dict(decoders=(0, 1, 1, 1, 2, 2, 5), jpeg=(0, 1, 0, 0, 0, 0, 1), copy_engines=(1, 1, 1, 2, 3, 4, 7))
+_HOPPER_ENGINES = dict(decoders=(1, 1, 1, 2, 3, 4, 7), jpeg=(1, 1, 1, 2, 3, 4, 7), copy_engines=(1, 1, 1, 2, 3, 4, 8))
+_HOPPER_SMS = (16, 16, 26, 32, 60, 64, 132)
+A100_40GB_MIG = _mig_table((5, 10, 20, 40), (4864, 9856, 9856, 19968, 40192), (14, 14, 14, 28, 42, 56, 98),
+                           **_AMPERE_ENGINES)  # fmt: skip
+A100_80GB_MIG = _mig_table((10, 20, 40, 80), (9856, 19968, 19968, 40192, 80384), (14, 14, 14, 28, 42, 56, 98),
+                           **_AMPERE_ENGINES)  # fmt: skip
+H100_80GB_MIG = _mig_table((10, 20, 40, 80), (9984, 20096, 20096, 40448, 81152), _HOPPER_SMS, **_HOPPER_ENGINES)
+# As real NVML reports them on an H200 (driver 580.159.04).
+H200_MIG = _mig_table((18, 35, 71, 141), (16384, 33280, 33280, 71424, 143360), _HOPPER_SMS, **_HOPPER_ENGINES)
+
+
+@dataclass
 class MigDeviceSpec:
-    """An existing MIG device (a GPU instance with one compute instance) on a GPU in MIG mode."""
+    """An existing GPU instance on a GPU in MIG mode, with its compute instance: a MIG device.
+
+    `ci_id` None is a GPU instance without a compute instance (no MIG device yet, as NVML leaves
+    one between nvmlDeviceCreateGpuInstance and nvmlGpuInstanceCreateComputeInstance).
+    """
 
     profile: str  # e.g. "1g.10gb"
     gi_id: int  # GPU instance ID
-    ci_id: int  # compute instance ID
+    ci_id: int | None  # compute instance ID
     placement_start: int
     placement_size: int
     memory_bytes: int
@@ -40,6 +115,7 @@ class MigDeviceSpec:
     encoders: int = 0
     jpeg: int = 1
     ofa: int = 0
+    ci_start: int = 0  # the compute instance's first compute slice within the GPU instance
 
 
 @dataclass
@@ -61,11 +137,14 @@ class GpuSpec:
     mig_capable: bool = False
     mig_mode: bool = False
     mig_devices: list[MigDeviceSpec] = field(default_factory=list)
-    # Supported MIG profile names of a MIG-capable GPU (published as a list attribute).
-    mig_profiles: list[str] = field(default_factory=list)
+    # The GPU instance profiles of a MIG-capable GPU (its NVML geometry), e.g. H100_80GB_MIG.
+    mig_profiles: list[MigProfileSpec] = field(default_factory=list)
     # Failure injection: an NVML call on this GPU raises these error codes (NVML_ERROR_* values),
     # keyed by the pynvml function name, e.g. {"nvmlDeviceGetUUID": 3}.
     nvml_errors: dict[str, int] = field(default_factory=dict)
+    # "before:<function>" or "after:<function>": that NVML call on this GPU blocks before (or after)
+    # it acts, and says so in `<state>.hung`, so a test can kill the caller at that exact step.
+    nvml_hang: str = ""
     lost: bool = False  # fallen off the bus: every call raises NVML_ERROR_GPU_IS_LOST
     # Memory health as NVML reports it. The fake adds every ECC event raised on the GPU to the
     # matching ECC counter (nvmlDeviceGetTotalEccErrors), as the driver counts what it reports.
@@ -85,6 +164,8 @@ class GpuSpec:
     # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION (an NVML_GPU_RECOVERY_ACTION_* value: 0 none, 1 GPU
     # reset, 2 node reboot, 3 drain P2P, 4 drain and reset, ...); None: a driver without the field.
     recovery_action: int | None = 0
+    # PCIe bridges between the root complex and the GPU, root port first (`sim.pcie`).
+    pcie_bridges: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -113,6 +194,8 @@ class NicSpec:
     operstate: str = "up"
     ipv4: list[str] = field(default_factory=list)  # CIDR, e.g. "192.168.10.2/24"
     ipv6: list[str] = field(default_factory=list)
+    # PCIe bridges between the root complex and the function, root port first (`sim.pcie`).
+    pcie_bridges: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +210,13 @@ class NodeProfile:
     nics: list[NicSpec] = field(default_factory=list)
     driver_version: str = "580.95.05"
     cuda_driver_version: int = 13000  # nvmlSystemGetCudaDriverVersion: 1000*major + 10*minor
+    # GPUDirect RDMA (`sim.gpudirect`): the running kernel, whether the NVIDIA kernel modules are
+    # the open ones (dma-buf needs them), whether nvidia-peermem is loaded.
+    kernel_release: str = "6.8.0-60-generic"
+    nvidia_open_modules: bool = True
+    nvidia_peermem: bool = False
+    # The kernel's RDMA namespace mode (ib_core netns_mode): shared (the default) or exclusive.
+    rdma_netns_shared: bool = True
 
     def distances(self) -> list[list[int]]:
         if self.numa_distances:
@@ -150,6 +240,7 @@ class NodeProfile:
         for g in raw.get("gpus", []):
             g = dict(g)
             g["mig_devices"] = [MigDeviceSpec(**m) for m in g.get("mig_devices", [])]
+            g["mig_profiles"] = [MigProfileSpec(**m) for m in g.get("mig_profiles", [])]
             g["cuda_compute_capability"] = tuple(g.get("cuda_compute_capability", (9, 0)))
             gpus.append(GpuSpec(**g))
         nics = [NicSpec(**n) for n in raw.get("nics", [])]
@@ -164,50 +255,47 @@ def _uuid(prefix: str, n: int) -> str:
     return f"{prefix}-{n:08x}-0000-4000-8000-{n:012x}"
 
 
-def h100_node(name: str = "node-1", gpus: int = 8, nics: int = 4) -> NodeProfile:
-    """An HGX H100 node: GPUs split over 2 NUMA nodes, one ConnectX-7 RoCE NIC per PCIe root pair.
+def h100_node(name: str = "node-1", gpus: int = 8, nics: int = 4, *, mig_capable: bool = False) -> NodeProfile:
+    """An HGX H100 node: ConnectX-7 RoCE NICs and GPUs behind PCIe switches (`sim.pcie.hgx_board`).
 
-    GPU i sits on PCIe root `pci0000:<root>`; NIC j shares the root of GPU 2j, so a claim for a
-    GPU and a NIC on the same root has a real answer on this node.
+    Two GPUs and one NIC per switch, two switches per root complex, one root complex per NUMA
+    node: GPUs 2s and 2s+1 share switch s with NIC s, so a claim for a GPU and a NIC behind the
+    same switch (or root, or NUMA node) has a real answer on this node. `mig_capable`: the GPUs
+    report MIG support and the H100 80GB profiles (MIG mode still off, as an H100 ships).
     """
-    roots = ["15", "26", "37", "48", "95", "a6", "b7", "c8"]
-    gpu_specs = []
-    for i in range(gpus):
-        root = roots[i % len(roots)]
-        bus = int(root, 16) + 1
-        gpu_specs.append(
-            GpuSpec(
-                index=i,
-                minor=i,
-                uuid=_uuid("GPU", i + 1),
-                name="NVIDIA H100 80GB HBM3",
-                pci_bus_id=f"0000:{bus:02x}:00.0",
-                pcie_root=f"pci0000:{root}",
-                numa_node=0 if i < gpus / 2 else 1,
-                memory_bytes=80 * _GIB,
-            )
+    gpu_slots, nic_slots = hgx_board(gpus, nics)
+    gpu_specs = [
+        GpuSpec(
+            index=i,
+            minor=i,
+            uuid=_uuid("GPU", i + 1),
+            name="NVIDIA H100 80GB HBM3",
+            pci_bus_id=slot.bdf,
+            pcie_root=slot.pcie_root,
+            numa_node=slot.numa_node,
+            memory_bytes=80 * _GIB,
+            pcie_bridges=list(slot.bridges),
+            mig_capable=mig_capable,
+            mig_profiles=list(H100_80GB_MIG) if mig_capable else [],
         )
-    nic_specs = []
-    for j in range(nics):
-        root = roots[(2 * j) % len(roots)]
-        bus = int(root, 16) + 2
-        nic_specs.append(
-            NicSpec(
-                pci_address=f"0000:{bus:02x}:00.0",
-                pcie_root=f"pci0000:{root}",
-                numa_node=0 if 2 * j < gpus / 2 else 1,
-                ifname=f"ens{j + 1}f0np0",
-                mac=f"b8:3f:d2:00:00:{j + 1:02x}",
-                rdma_device=f"mlx5_{j}",
-                uverbs_index=j,
-                ipv4=[f"10.{j}.0.{10 + j}/24"],
-                ipv6=[f"fd00:{j}::{10 + j}/64"],
-            )
+        for i, slot in enumerate(gpu_slots)
+    ]
+    nic_specs = [
+        NicSpec(
+            pci_address=slot.bdf,
+            pcie_root=slot.pcie_root,
+            numa_node=slot.numa_node,
+            ifname=f"ens{j + 1}f0np0",
+            mac=f"b8:3f:d2:00:00:{j + 1:02x}",
+            rdma_device=f"mlx5_{j}",
+            uverbs_index=j,
+            ipv4=[f"10.{j}.0.{10 + j}/24"],
+            ipv6=[f"fd00:{j}::{10 + j}/64"],
+            pcie_bridges=list(slot.bridges),
         )
+        for j, slot in enumerate(nic_slots)
+    ]
     return NodeProfile(name=name, gpus=gpu_specs, nics=nic_specs)
-
-
-_A100_MIG_PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
 
 
 def a100_mig_node(name: str = "node-mig", gpus: int = 8, per_gpu: int = 7) -> NodeProfile:
@@ -245,7 +333,7 @@ def a100_mig_node(name: str = "node-mig", gpus: int = 8, per_gpu: int = 7) -> No
                 mig_capable=True,
                 mig_mode=True,
                 mig_devices=migs,
-                mig_profiles=list(_A100_MIG_PROFILES),
+                mig_profiles=list(A100_40GB_MIG),
             )
         )
     return NodeProfile(name=name, gpus=gpu_specs)

@@ -4,14 +4,22 @@ It reads the published ResourceSlices from the simulated API server, picks devic
 claim's constraints would (same attribute value across requests), and writes
 `status.allocation` exactly where the real scheduler does. It is deliberately small: the
 allocator's CEL evaluation is not Tandem's job, the shape of what it writes is.
+
+Partitionable devices as the real allocator treats them (k8s.io/dynamic-resource-allocation,
+`structured`): a device that consumes counters is allocatable only while its counter sets have
+enough left after what the pool's allocated devices (in any claim) and this allocation consume,
+and a pool in which a device names a counter set or counter that no slice of it defines is
+invalid: nothing of it is allocated; nor of a pool whose newest generation lacks slices yet.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
+from sim import apiquantity, capacity
 from sim.apistore import now_rfc3339
 
 Published = dict[str, Any]  # one device of a slice, plus "pool" and "driver" keys
@@ -23,6 +31,8 @@ class Request:
     device_class: str
     match: Callable[[Published], bool]
     count: int = 1
+    # What the request asks of each capacity of a multi-allocatable device (`sim.capacity`).
+    capacity: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,12 +64,12 @@ def published_devices(srv: Any, driver: str, node: str) -> list[Published]:
 
 
 def claim_object(namespace: str, name: str, requests: Sequence[Request], match_attribute: str = "") -> dict:
+    exact: list[dict[str, Any]] = [{"deviceClassName": r.device_class, "count": r.count} for r in requests]
+    for r, e in zip(requests, exact, strict=True):
+        if r.capacity:
+            e["capacity"] = {"requests": dict(r.capacity)}
     spec: dict[str, Any] = {
-        "devices": {
-            "requests": [
-                {"name": r.name, "exactly": {"deviceClassName": r.device_class, "count": r.count}} for r in requests
-            ]
-        }
+        "devices": {"requests": [{"name": r.name, "exactly": e} for r, e in zip(requests, exact, strict=True)]}
     }
     if match_attribute and len(requests) > 1:
         spec["devices"]["constraints"] = [{"requests": [r.name for r in requests], "matchAttribute": match_attribute}]
@@ -80,8 +90,13 @@ def allocate(
     match_attribute: str = "",
     taken: set[str] | None = None,
 ) -> dict:
-    """Allocates every request (all or nothing) and writes status.allocation; returns the claim."""
-    devices = [d for d in published_devices(srv, driver, node) if d["name"] not in (taken or set())]
+    """Allocates every request (all or nothing) and writes status.allocation; returns the claim.
+    A multi-allocatable device is free while its capacities last (`sim.capacity`), others unless
+    named in `taken`."""
+    published = published_devices(srv, driver, node)
+    available = _counters_left(srv, driver, node, published, taken or set())
+    used = capacity.consumed_by_claims(srv, driver)
+    devices = [d for d in published if d.get("allowMultipleAllocations") or d["name"] not in (taken or set())]
     groups: dict[object, list[Published]] = {None: devices}
     if match_attribute:
         groups = {}
@@ -89,20 +104,28 @@ def allocate(
             groups.setdefault(attribute(d, match_attribute), []).append(d)
         groups.pop(None, None)
     for _, candidates in sorted(groups.items(), key=lambda kv: str(kv[0])):
-        picked: list[tuple[Request, Published]] = []
+        picked: list[tuple[Request, Published, dict[str, Any]]] = []
         free = list(candidates)
+        left = {name: dict(counters) for name, counters in available.items()}
+        consumed = {name: dict(amounts) for name, amounts in used.items()}
         for r in requests:
-            fits = [d for d in free if r.match(d)][: r.count]
+            fits = []
+            for d in free:
+                if len(fits) < r.count and r.match(d) and _consume(left, d):
+                    amounts = capacity.take(d, r.capacity, consumed)
+                    if amounts is not None:
+                        fits.append((d, capacity.share_fields(d, amounts)))
             if len(fits) < r.count:
                 break
-            picked += [(r, d) for d in fits]
-            free = [d for d in free if d not in fits]
+            picked += [(r, d, share) for d, share in fits]
+            free = [d for d in free if d.get("allowMultipleAllocations") or all(d is not f for f, _ in fits)]
         else:
             claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
             claim.setdefault("status", {})["allocation"] = {
                 "devices": {
                     "results": [
-                        {"request": r.name, "driver": driver, "pool": d["pool"], "device": d["name"]} for r, d in picked
+                        {"request": r.name, "driver": driver, "pool": d["pool"], "device": d["name"], **share}
+                        for r, d, share in picked
                     ]
                 },
                 "nodeSelector": {
@@ -114,6 +137,59 @@ def allocate(
             }
             return srv.update(claim)
     raise LookupError(f"no devices satisfy the claim's requests {[r.name for r in requests]}")
+
+
+def _counters_left(
+    srv: Any, driver: str, node: str, published: list[Published], taken: set[str]
+) -> dict[str, dict[str, Decimal]]:
+    """The pool's counter sets less what its allocated devices (and `taken`) consume; LookupError
+    for an invalid pool (a consumption naming a counter set or counter no slice defines)."""
+    sets: dict[str, dict[str, Decimal]] = {}
+    pool = [
+        s["spec"]
+        for s in srv.list("resourceslices")
+        if (s["spec"].get("driver"), s["spec"].get("nodeName")) == (driver, node)
+    ]
+    newest = max((s["pool"]["generation"] for s in pool), default=0)
+    pool = [s for s in pool if s["pool"]["generation"] == newest]
+    if pool and len(pool) < pool[0]["pool"]["resourceSliceCount"]:
+        raise LookupError(f"pool {node} is incomplete: {len(pool)} of {pool[0]['pool']['resourceSliceCount']} slices")
+    for spec in pool:
+        for c in spec.get("sharedCounters") or []:
+            sets[c["name"]] = {k: apiquantity.parse(v["value"])[0] for k, v in c["counters"].items()}
+    for d in published:
+        for use in d.get("consumesCounters") or []:
+            missing = [k for k in use["counters"] if k not in sets.get(use["counterSet"], {})]
+            if use["counterSet"] not in sets or missing:
+                raise LookupError(f"pool {node} is invalid: device {d['name']} consumes {use['counterSet']}/{missing}")
+    allocated = set(taken)
+    for claim in srv.list("resourceclaims"):
+        for r in (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []:
+            if r.get("driver") == driver and r.get("pool") == node:
+                allocated.add(r["device"])
+    for d in published:
+        if d["name"] in allocated:  # may go below zero: then nothing more fits, as in the allocator
+            for s, k, amount in _uses(d):
+                sets[s][k] -= amount
+    return sets
+
+
+def _uses(device: Published) -> list[tuple[str, str, Decimal]]:
+    return [
+        (u["counterSet"], k, apiquantity.parse(v["value"])[0])
+        for u in device.get("consumesCounters") or []
+        for k, v in u["counters"].items()
+    ]
+
+
+def _consume(left: dict[str, dict[str, Decimal]], device: Published) -> bool:
+    """Take the device's counters from `left` if all of them fit; whether they did."""
+    uses = _uses(device)
+    if any(left[s][k] < amount for s, k, amount in uses):
+        return False
+    for s, k, amount in uses:
+        left[s][k] -= amount
+    return True
 
 
 def reserve(srv: Any, claim: dict, pod_name: str, pod_uid: str) -> dict:

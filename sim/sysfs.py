@@ -2,10 +2,13 @@
 
 Layout follows the kernel's so that discovery code cannot tell the difference:
 
-* `devices/<pcie_root>/<bridge>/<bdf>/` is the PCI function (numa_node, vendor, device, class,
+* `devices/<pcie_root>/<bridge>.../<bdf>/` is the PCI function (numa_node, vendor, device, class,
   `driver` -> `bus/pci/drivers/<driver>`), and `bus/pci/devices/<bdf>` is a RELATIVE link to it
-  (`../../../devices/...`), the way the kernel makes it. The bridge is a root port on the root bus
+  (`../../../devices/...`), the way the kernel makes it. The bridges are the device's
+  `pcie_bridges` (root port, switch ports: `sim.pcie`), or else a root port on the root bus
   (`<domain>:<root bus>:01.0`); a function on the root bus itself hangs directly off the root.
+* `module/nvidia`, `module/nvidia_peermem` and `/proc/sys/kernel/osrelease`: what GPUDirect RDMA
+  needs (`sim.gpudirect`).
 * `devices/system/node/node<N>/{distance,cpulist,cpu<K>}` describe the NUMA nodes and
   `devices/system/cpu/cpu<K>/topology/physical_package_id` their socket (`CPUS_PER_NODE` CPUs
   per node, numbered node by node).
@@ -34,6 +37,7 @@ import os
 from pathlib import Path
 
 from sim.fstree import char_device, pci_device_dir, symlink, write
+from sim.gpudirect import render_kernel_modules
 from sim.nics import render_nic
 from sim.profile import GpuSpec, NodeProfile
 
@@ -105,12 +109,26 @@ def _render_gpu_dev_nodes(profile: NodeProfile, dev_root: Path, lazy_nodes: bool
         char_device(caps / f"nvidia-cap{MIG_CAP_CONFIG}", NVIDIA_CAPS_MAJOR, MIG_CAP_CONFIG, use_mknod)
         char_device(caps / f"nvidia-cap{MIG_CAP_MONITOR}", NVIDIA_CAPS_MAJOR, MIG_CAP_MONITOR, use_mknod)
         for gpu in profile.gpus:
-            for mig in gpu.mig_devices if gpu.mig_mode else []:
-                for minor in (
-                    mig_gi_cap_minor(gpu.minor, mig.gi_id),
-                    mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id),
-                ):
-                    char_device(caps / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, use_mknod)
+            if not use_mknod and gpu.mig_mode:
+                # Every capability of the GPU: an unprivileged daemon cannot make those of the MIG
+                # devices it creates later (nvidia-modprobe made them all on such a node).
+                minors = [
+                    m
+                    for gi in range(_GIS_PER_GPU)
+                    for m in (
+                        mig_gi_cap_minor(gpu.minor, gi),
+                        *(mig_ci_cap_minor(gpu.minor, gi, ci) for ci in range(_CIS_PER_GI)),
+                    )
+                ]
+            else:
+                minors = [
+                    m
+                    for mig in (gpu.mig_devices if gpu.mig_mode else [])
+                    if mig.ci_id is not None
+                    for m in (mig_gi_cap_minor(gpu.minor, mig.gi_id), mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id))
+                ]
+            for minor in minors:
+                char_device(caps / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, use_mknod)
 
 
 def _access(minor: int) -> str:
@@ -125,7 +143,8 @@ _PARAMS = (
 )
 
 
-def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
+def render_proc(profile: NodeProfile, proc_root: Path) -> None:
+    """`/proc`: the majors, the driver's parameters and MIG capabilities (again after a MIG mode change)."""
     # The kernel's format: right-aligned majors, one section per device type, a blank line between.
     chars = [(1, "mem"), (4, "tty"), (10, "misc"), (NVIDIA_MAJOR, "nvidia-frontend")]
     if profile.gpus:
@@ -157,10 +176,11 @@ def _render_proc(profile: NodeProfile, proc_root: Path) -> None:
         for mig in gpu.mig_devices if gpu.mig_mode else []:
             gi_dir = caps / f"gpu{gpu.minor}" / "mig" / f"gi{mig.gi_id}"
             write(gi_dir / "access", _access(mig_gi_cap_minor(gpu.minor, mig.gi_id)))
-            write(
-                gi_dir / f"ci{mig.ci_id}" / "access",
-                _access(mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id)),
-            )
+            if mig.ci_id is not None:
+                write(
+                    gi_dir / f"ci{mig.ci_id}" / "access",
+                    _access(mig_ci_cap_minor(gpu.minor, mig.gi_id, mig.ci_id)),
+                )
 
 
 def render_node(
@@ -181,9 +201,11 @@ def render_node(
             gpu.pci_vendor_id,
             gpu.pci_device_id,
             "nvidia",
+            bridges=gpu.pcie_bridges,
         )
     _render_gpu_dev_nodes(profile, dev_root, lazy_nodes)
     if proc_root is not None:
-        _render_proc(profile, proc_root)
+        render_proc(profile, proc_root)
+    render_kernel_modules(profile, sysfs_root, proc_root)
     for nic in profile.nics:
         render_nic(nic, sysfs_root, dev_root)

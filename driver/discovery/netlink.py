@@ -1,7 +1,9 @@
 """The driver's one door to rtnetlink: the links of a namespace, their addresses, speed and
 whether they carry the default route, and an event socket for link and address changes.
 
-Netlink is read, never written. Links come from one dump per pass, decoded by `rtnl` (cheap:
+Netlink is read, and written in one case only: an exclusive NIC that came back from a pod gets
+its host name, MTU and addresses again (`restore_link`, for `driver.nic_return`). Links come from
+one dump per pass, decoded by `rtnl` (cheap:
 a node may have a thousand veths); addresses and routes of the few links discovery asks about
 through a short-lived pyroute2 `IPRoute` per call, so that no pyroute2 state (it runs its own
 event loop) is shared between threads. The event socket is a plain `AF_NETLINK` datagram socket,
@@ -235,6 +237,34 @@ def _default_route_links(routes: list) -> frozenset[int]:
         elif metric == current[0]:
             current[1].update(oifs)
     return frozenset(i for _, oifs in best.values() for i in oifs)
+
+
+def restore_link(name: str, home: str, mtu: int, addresses: Iterable[str], netns: str | None = None) -> None:
+    """Give the netdev `name` the name `home`, `mtu` (0: keep) and every one of `addresses` (CIDR)
+    it lacks, and set it up: as the host had it before it went into a pod. A rename needs the link
+    down. Raises OSError or pyroute2's NetlinkError (with the kernel's errno) on failure."""
+    ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+    try:
+        (index,) = ipr.link_lookup(ifname=name) or [0]
+        if not index:
+            raise OSError(errno.ENODEV, f"no netdev {name!r}")
+        if name != home:
+            ipr.link("set", index=index, state="down")
+            ipr.link("set", index=index, ifname=home)
+        if mtu:
+            ipr.link("set", index=index, mtu=mtu)
+        ipr.link("set", index=index, state="up")
+        have = {
+            str(ipaddress.ip_interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}"))
+            for a in ipr.get_addr(index=index)
+        }
+        for cidr in addresses:
+            address = ipaddress.ip_interface(cidr)
+            if str(address) not in have:
+                flags = {"IFA_FLAGS": 0x2} if address.version == 6 else {}  # IFA_F_NODAD: usable at once
+                ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen, **flags)
+    finally:
+        ipr.close()
 
 
 def namespace_name(netns: str | None) -> str:

@@ -56,13 +56,15 @@ class NicDiscovery:
         link_hold: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         link_events: Callable[[str], int] | None = None,
+        proc_root: Path = Path("/proc"),
+        shares: int = 1,
     ) -> None:
         sysfs_root = Path(sysfs_root)
         self.exclude = exclude
         self._scanner = NicScanner(
             sysfs_root, netlink=netlink, netns=netns, skip_default_route=skip_default_route, exclude=exclude
         )
-        self._reader = NicDeviceReader(sysfs_root, list_attributes)
+        self._reader = NicDeviceReader(sysfs_root, list_attributes, proc_root, shares)
         self._hold = LinkHold(link_hold, clock, link_events or (lambda _name: 0))
         self._lock = threading.Lock()
         self._last_known: dict[str, Device] = {}
@@ -94,6 +96,7 @@ class NicDiscovery:
             kept = {k.lower() for k in (keep() if callable(keep) else keep)}
             scan = self._scanner.scan()
             self._nic_indexes = scan.nic_indexes
+            self._reader.begin_pass()
             devices: dict[str, Device] = {}
             for bdf, netdevs in sorted(scan.functions.items()):
                 if bdf in scan.uplink_functions:

@@ -17,8 +17,10 @@ the same whatever order the kernel reports addresses in. `NicInfo` always carrie
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
+from driver.discovery.gpudirect import GpuDirect, nic_attributes, read_gpudirect
 from driver.discovery.nic_scan import Netdev
 from driver.discovery.nic_sysfs import (
     NicError,
@@ -28,12 +30,16 @@ from driver.discovery.nic_sysfs import (
     read_int,
     read_or_empty,
 )
-from driver.discovery.topology import topology_attributes
-from driver.model import AttrValue, Device, DeviceKind, NicInfo
+from driver.discovery.topology import Topology, topology
+from driver.model import AttrValue, Device, DeviceKind, NicInfo, RequestPolicy
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES, MAX_VALUE_LENGTH, value_count
 
 log = logging.getLogger(__name__)
 
+SHARES = "shares"
+# The kernel's RDMA namespace mode (ib_core `netns_mode`): shared (every namespace sees every RDMA
+# device, the default) or exclusive (an RDMA device belongs to one namespace).
+RDMA_NETNS_MODE = "rdmaNetnsMode"
 UNUSABLE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
 MAX_ADDRESSES_PER_FAMILY = 8
 
@@ -46,9 +52,22 @@ def device_name(pci_address: str) -> str:
 class NicDeviceReader:
     """Reads what sysfs says about one PCI function and builds its `Device` (kind NIC)."""
 
-    def __init__(self, sysfs_root: Path, list_attributes: bool) -> None:
+    def __init__(
+        self, sysfs_root: Path, list_attributes: bool, proc_root: Path = Path("/proc"), shares: int = 1
+    ) -> None:
         self.sysfs_root = sysfs_root
         self.list_attributes = list_attributes
+        self.proc_root = proc_root
+        self.shares = shares
+        self.gpudirect = GpuDirect(peermem=False, dmabuf=False)
+        self.netns_mode = ""
+
+    def begin_pass(self) -> None:
+        """Read what holds for every NIC of the node (GPUDirect RDMA, the RDMA namespace mode),
+        once per discovery pass."""
+        self.gpudirect = read_gpudirect(self.sysfs_root, self.proc_root)
+        mode = read_or_empty(self.sysfs_root / "module/ib_core/parameters/netns_mode")
+        self.netns_mode = {"Y": "shared", "1": "shared", "N": "exclusive", "0": "exclusive"}.get(mode, "")
 
     def device(self, bdf: str, netdevs: list[Netdev]) -> Device | None:
         """The function as a published NIC; None (logged at debug level) when it is not one."""
@@ -92,14 +111,20 @@ class NicDeviceReader:
         if attrs["sriov"]:
             attrs["sriovVfs"] = read_int(fn / "sriov_numvfs", 0) or 0
         attrs["isSriovVf"] = is_vf
+        attrs.update(nic_attributes(self.gpudirect, driver))
+        if self.netns_mode:
+            attrs[RDMA_NETNS_MODE] = self.netns_mode
         ipv4 = rep.ipv4 if rep else ()
         ipv6 = rep.ipv6 if rep else ()
         attrs.update(self._address_attributes(ipv4, ipv6))
+        topo = Topology({})
         try:
-            attrs.update(topology_attributes(self.sysfs_root, bdf, self.list_attributes))
+            topo = topology(self.sysfs_root, bdf, self.list_attributes)
         except (OSError, ValueError) as e:
             log.warning("NIC %s: no topology attributes: %s", bdf, e)
-        attrs = fit_limits(bdf, attrs)
+        attrs.update(topo.attributes)
+        sharing = shared_capacity(self.shares)
+        attrs = fit_limits(bdf, attrs, capacities=len(sharing.capacity))
 
         info = NicInfo(
             pci_address=bdf,
@@ -113,7 +138,16 @@ class NicDeviceReader:
             umad=umad,
             issm=issm,
         )
-        return Device(name=device_name(bdf), kind=DeviceKind.NIC, attributes=attrs, nic=info)
+        return Device(
+            name=device_name(bdf),
+            kind=DeviceKind.NIC,
+            attributes=attrs,
+            capacity=sharing.capacity,
+            nic=info,
+            pcie_path=topo.pcie_path,
+            allow_multiple_allocations=sharing.allow_multiple_allocations,
+            request_policies=sharing.request_policies,
+        )
 
     def _rdma_device(self, fn: Path, ifname: str | None) -> tuple[Path, int] | None:
         """(RDMA device dir, port) of a function: `infiniband/` first, then the GID tables."""
@@ -172,10 +206,29 @@ class NicDeviceReader:
         return out
 
 
-def fit_limits(bdf: str, attrs: dict[str, AttrValue]) -> dict[str, AttrValue]:
+@dataclass(frozen=True)
+class Sharing:
+    """What makes a NIC shareable: its `shares` capacity and the policy of consuming it."""
+
+    capacity: dict[str, str]
+    allow_multiple_allocations: bool
+    request_policies: dict[str, RequestPolicy]
+
+
+def shared_capacity(shares: int) -> Sharing:
+    """A NIC `shares` claims may hold at once (`--nic-shares`; docs/scenarios.md, 'Shared RoCE
+    NICs'): capacity `shares`, whole shares from 1 to all; a request that names no amount takes
+    all of them, the whole NIC, as before sharing existed. One share: an ordinary device."""
+    if shares <= 1:
+        return Sharing({}, False, {})
+    total = str(shares)
+    return Sharing({SHARES: total}, True, {SHARES: RequestPolicy(default=total, min="1", max=total, step="1")})
+
+
+def fit_limits(bdf: str, attrs: dict[str, AttrValue], capacities: int = 0) -> dict[str, AttrValue]:
     """Keep a device within the API's limits: strings of at most 64 characters (a longer one came
     from a broken sysfs file and is dropped), at most 48 values (address lists are shortened), at
-    most 32 attributes (else NicError: the function cannot be published)."""
+    most 32 attributes and capacities (else NicError: the function cannot be published)."""
     out: dict[str, AttrValue] = {}
     for key, value in attrs.items():
         items = value if isinstance(value, tuple) else (value,)
@@ -190,6 +243,6 @@ def fit_limits(bdf: str, attrs: dict[str, AttrValue]) -> dict[str, AttrValue]:
             break
         key = max(lists)[1]
         out[key] = out[key][:-1]  # type: ignore[index]
-    if len(out) > MAX_ATTRIBUTES_AND_CAPACITIES:
-        raise NicError(f"{len(out)} attributes, more than {MAX_ATTRIBUTES_AND_CAPACITIES}")
+    if len(out) + capacities > MAX_ATTRIBUTES_AND_CAPACITIES:
+        raise NicError(f"{len(out)} attributes and {capacities} capacities, more than {MAX_ATTRIBUTES_AND_CAPACITIES}")
     return out

@@ -1,4 +1,5 @@
-"""PCI topology from sysfs: the standard pciBusID, pcieRoot and numaNode attributes.
+"""PCI topology from sysfs: the standard pciBusID, pcieRoot and numaNode attributes, and the PCIe
+switch (`driver.discovery.pcie`).
 
 Derivations follow k8s.io/dynamic-resource-allocation `deviceattribute` (docs/reference/kubelet-plugin.md,
 'Standard attributes') so that `matchAttribute: resource.kubernetes.io/pcieRoot` or `.../numaNode` constraints
@@ -10,10 +11,11 @@ is still a device, just without these attributes, and the reason is logged.
 from __future__ import annotations
 
 import logging
-import posixpath
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
+from driver.discovery.pcie import PCIE_PATH, PCIE_SWITCH, pcie_path
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue
 from driver.resource_api import MAX_VALUE_LENGTH
 
@@ -55,36 +57,6 @@ def _read(path: Path) -> str | None:
     except (OSError, UnicodeDecodeError) as e:
         log.debug("cannot read %s: %s", path, e)
         return None
-
-
-def pcie_root(sysfs_root: Path, bdf: str) -> str | None:
-    """The PCIe root complex (`pci<domain>:<bus>`) a function hangs off, or None with a logged reason.
-
-    `bus/pci/devices/<bdf>` is a relative link the kernel makes into `devices/`; it is resolved
-    lexically (never following further links), must land in `devices/pci...` and end in the BDF.
-    """
-    if not is_pci_bus_id(bdf):
-        log.warning("pcieRoot: %r is not a canonical PCI bus ID", bdf)
-        return None
-    link = sysfs_root / "bus" / "pci" / "devices" / bdf
-    try:
-        target = str(link.readlink())
-    except OSError as e:
-        log.warning("pcieRoot of %s: cannot read link %s: %s", bdf, link, e)
-        return None
-    if posixpath.isabs(target):
-        log.warning("pcieRoot of %s: link target %r is absolute, the kernel makes relative ones", bdf, target)
-        return None
-    resolved = posixpath.normpath(posixpath.join("bus/pci/devices", target))
-    parts = resolved.split("/")
-    if not resolved.startswith("devices/pci") or len(parts) < 3 or parts[-1] != bdf:
-        log.warning("pcieRoot of %s: link target %r is not a PCI device path", bdf, target)
-        return None
-    root = parts[1]
-    if len(root) > MAX_VALUE_LENGTH:
-        log.warning("pcieRoot of %s: %r is too long for an attribute", bdf, root)
-        return None
-    return root
 
 
 def numa_node(sysfs_root: Path, bdf: str) -> int | None:
@@ -174,19 +146,37 @@ def numa_node_list(sysfs_root: Path, node: int) -> list[int]:
     return [node, *sorted(n for n, d in peers.items() if d == nearest)]
 
 
-def topology_attributes(sysfs_root: Path, bdf: str, list_form: bool) -> dict[str, AttrValue]:
-    """The standard attributes of a PCI function; any that cannot be derived are left out.
+@dataclass(frozen=True)
+class Topology:
+    """A PCI function's topology attributes, and its upstream path for GPU-NIC pairing (host
+    bridge first, then the bridges; () when unknown), which is published only in list form."""
 
-    `list_form` publishes numaNode as a list (needs DRAListTypeAttributes on the cluster).
+    attributes: dict[str, AttrValue]
+    pcie_path: tuple[str, ...] = ()
+
+
+def topology(sysfs_root: Path, bdf: str, list_form: bool) -> Topology:
+    """The standard attributes of a PCI function, and Tandem's `pcieSwitch` (the upstream port of
+    the switch it sits behind) and, in list form only, `pciePath` (host bridge, then every bridge
+    down to it: `driver.discovery.pcie`); any that cannot be derived are left out.
+
+    `list_form` publishes numaNode and pciePath as lists (needs DRAListTypeAttributes on the cluster).
     """
     if not is_pci_bus_id(bdf):
         log.warning("topology: %r is not a canonical PCI bus ID", bdf)
-        return {}
+        return Topology({})
     attrs: dict[str, AttrValue] = {PCI_BUS_ID: bdf}
-    root = pcie_root(sysfs_root, bdf)
-    if root is not None:
-        attrs[PCIE_ROOT] = root
+    path = pcie_path(sysfs_root, bdf)
+    if path is not None and len(path.root) > MAX_VALUE_LENGTH:
+        log.warning("pcieRoot of %s: %r is too long for an attribute", bdf, path.root)
+        path = None
+    if path is not None:
+        attrs[PCIE_ROOT] = path.root
+        if path.switch is not None:
+            attrs[PCIE_SWITCH] = path.switch
+        if list_form:
+            attrs[PCIE_PATH] = path.nodes
     node = numa_node(sysfs_root, bdf)
     if node is not None:
         attrs[NUMA_NODE] = tuple(numa_node_list(sysfs_root, node)) if list_form else node
-    return attrs
+    return Topology(attrs, path.nodes if path is not None else ())

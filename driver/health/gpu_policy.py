@@ -352,9 +352,9 @@ def index_gpus(devices: Iterable[Device]) -> dict[str, GpuDevices]:
     migs: dict[str, dict[tuple[int, int], str]] = {}
     for d in devices:
         info = d.gpu
-        if info is None or not info.uuid:
+        parent = (info.parent_uuid or info.uuid) if info is not None else ""
+        if info is None or not parent:  # a dynamic-MIG partition not made yet has only its parent's
             continue
-        parent = info.parent_uuid or info.uuid
         names.setdefault(parent, []).append(d.name)
         if info.parent_uuid and info.mig_gi is not None and info.mig_ci is not None:
             migs.setdefault(parent, {})[(info.mig_gi, info.mig_ci)] = d.name

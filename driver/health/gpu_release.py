@@ -190,7 +190,7 @@ class GpuReleases:
         d = self._inventory.get(device)
         if d is None:
             raise unknown_device(self._inventory, device)
-        if d.gpu is None or not d.gpu.uuid:
+        if d.gpu is None or not (d.gpu.parent_uuid or d.gpu.uuid):  # a MIG partition not made yet has no UUID
             raise ReleaseError(f"{device} is not a GPU: only GPUs are held through NVML")
         return d.gpu.parent_uuid or d.gpu.uuid
 

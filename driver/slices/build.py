@@ -13,8 +13,8 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from driver.model import NUMA_NODE, Device, attribute_to_api
-from driver.resource_api import API_VERSION, MAX_DEVICES_ADVANCED, rfc3339
+from driver.model import NUMA_NODE, CounterSet, Device, RequestPolicy, attribute_to_api
+from driver.resource_api import API_VERSION, MAX_COUNTER_SETS, MAX_DEVICES_ADVANCED, rfc3339
 
 # generateName longer than this is cut by the apiserver (63 - 5 random characters).
 _MAX_GENERATE_NAME = 58
@@ -49,7 +49,9 @@ def device_to_api(device: Device, taint_times: TaintTimes, now: str) -> dict[str
     if device.attributes:
         out["attributes"] = {k: attribute_to_api(v) for k, v in sorted(device.attributes.items())}
     if device.capacity:
-        out["capacity"] = {k: {"value": v} for k, v in sorted(device.capacity.items())}
+        out["capacity"] = {k: _capacity(v, device.request_policies.get(k)) for k, v in sorted(device.capacity.items())}
+    if device.allow_multiple_allocations:
+        out["allowMultipleAllocations"] = True
     if device.taints:
         taints = []
         for t in device.taints:
@@ -59,7 +61,42 @@ def device_to_api(device: Device, taint_times: TaintTimes, now: str) -> dict[str
             api_taint["timeAdded"] = taint_times.get((device.name, t.key, t.value, str(t.effect)), now)
             taints.append(api_taint)
         out["taints"] = taints
+    if device.consumes_counters:
+        out["consumesCounters"] = [
+            {"counterSet": u.counter_set.name, "counters": _counters(u.counters)} for u in device.consumes_counters
+        ]
     return out
+
+
+def _capacity(value: str, policy: RequestPolicy | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"value": value}
+    if policy is not None:
+        out["requestPolicy"] = {
+            "default": policy.default,
+            "validRange": {"min": policy.min, "max": policy.max, "step": policy.step},
+        }
+    return out
+
+
+def without_sharing(device: Device) -> Device:
+    """The device as a server without consumable capacity (DRAConsumableCapacity off) stores it:
+    allocatable once, its capacities plain."""
+    if not device.allow_multiple_allocations and not device.request_policies:
+        return device
+    return dataclasses.replace(device, allow_multiple_allocations=False, request_policies={})
+
+
+def _counters(values: Sequence[tuple[str, str]]) -> dict[str, Any]:
+    return {name: {"value": quantity} for name, quantity in values}
+
+
+def counter_sets(devices: Sequence[Device]) -> list[CounterSet]:
+    """The counter sets the devices draw from, once each by name (the first definition wins)."""
+    found: dict[str, CounterSet] = {}
+    for d in devices:
+        for use in d.consumes_counters:
+            found.setdefault(use.counter_set.name, use.counter_set)
+    return [found[name] for name in sorted(found)]
 
 
 def uses_advanced_features(api_device: Mapping[str, Any]) -> bool:
@@ -120,7 +157,10 @@ def build_slices(
     stamp = now or rfc3339()
     times = taint_times or {}
     api_devices = [device_to_api(d, times, stamp) for d in sorted(devices, key=lambda d: d.name)]
-    chunks = split_devices(api_devices)
+    # A slice holds devices or counter sets, never both: the sets (at most 8 a slice) come after.
+    sets = [{"name": c.name, "counters": _counters(c.counters)} for c in counter_sets(devices)]
+    chunks: list[tuple[str, list[dict[str, Any]]]] = [("devices", c) for c in split_devices(api_devices)]
+    chunks += [("sharedCounters", sets[i : i + MAX_COUNTER_SETS]) for i in range(0, len(sets), MAX_COUNTER_SETS)]
     owners = [owner_reference(node_name, node_uid)]
     return [
         {
@@ -134,10 +174,10 @@ def build_slices(
                 "driver": driver_name,
                 "nodeName": node_name,
                 "pool": {"name": node_name, "generation": generation, "resourceSliceCount": len(chunks)},
-                "devices": chunk,
+                field: chunk,
             },
         }
-        for i, chunk in enumerate(chunks)
+        for i, (field, chunk) in enumerate(chunks)
     ]
 
 

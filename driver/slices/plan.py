@@ -13,8 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
+from driver.resource_api import parse_quantity
 from driver.slices.build import LIST_KEYS, metadata, spec_devices
 
 
@@ -40,19 +39,54 @@ def _quantity(value: Any) -> Any:
 def _canon_device(dev: Mapping[str, Any]) -> Any:
     out = dict(_prune(dict(dev)))
     if isinstance(out.get("capacity"), dict):
-        out["capacity"] = {
-            k: {**c, "value": _quantity(c.get("value"))} if isinstance(c, dict) else c
-            for k, c in out["capacity"].items()
-        }
+        out["capacity"] = {k: _canon_capacity(c) for k, c in out["capacity"].items()}
     if isinstance(out.get("taints"), list):
         out["taints"] = [
             (t.get("key"), t.get("value") or "", t.get("effect")) if isinstance(t, dict) else t for t in out["taints"]
         ]
+    if isinstance(out.get("consumesCounters"), list):
+        out["consumesCounters"] = [_canon_counters(c) for c in out["consumesCounters"]]
     return out
+
+
+def _canon_capacity(cap: Any) -> Any:
+    """A capacity with its value and request policy's quantities compared by value."""
+    if not isinstance(cap, dict):
+        return cap
+    out = {**cap, "value": _quantity(cap.get("value"))}
+    policy = cap.get("requestPolicy")
+    if isinstance(policy, dict):
+        policy = {**policy, "default": _quantity(policy.get("default"))}
+        if isinstance(policy.get("validRange"), dict):
+            policy["validRange"] = {k: _quantity(v) for k, v in policy["validRange"].items()}
+        if isinstance(policy.get("validValues"), list):
+            policy["validValues"] = [_quantity(v) for v in policy["validValues"]]
+        out["requestPolicy"] = policy
+    return out
+
+
+def _canon_counters(entry: Any) -> Any:
+    """A counter set or consumption with its quantities compared by value."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("counters"), dict):
+        return entry
+    counters = {
+        k: {**c, "value": _quantity(c.get("value"))} if isinstance(c, dict) else c for k, c in entry["counters"].items()
+    }
+    return {**entry, "counters": counters}
 
 
 def _canon_devices(spec: object) -> list[Any]:
     return [_canon_device(d) for d in spec_devices(spec)]
+
+
+def _canon_shared(spec: object) -> list[Any]:
+    shared = spec.get("sharedCounters") if isinstance(spec, dict) else None
+    return [_canon_counters(_prune(c)) for c in shared] if isinstance(shared, list) else []
+
+
+def _canon_content(spec: object) -> tuple[list[Any], list[Any]]:
+    """What a slice holds, for matching desired slices to live ones: its devices or counter sets."""
+    return _canon_devices(spec), _canon_shared(spec)
 
 
 def _canon_spec(spec: object) -> Any:
@@ -60,6 +94,7 @@ def _canon_spec(spec: object) -> Any:
         return None
     out = dict(_prune(dict(spec)))
     out["devices"] = _canon_devices(spec)
+    out["sharedCounters"] = _canon_shared(spec)
     if out.get("allNodes") is False:
         del out["allNodes"]
     return out
@@ -147,9 +182,9 @@ def plan(desired: Sequence[dict[str, Any]], live: Sequence[Mapping[str, Any]]) -
 
     matched: dict[int, Mapping[str, Any]] = {}
     for i, body in enumerate(desired):
-        want = _canon_devices(body["spec"])
+        want = _canon_content(body["spec"])
         for obj in candidates:
-            if _canon_devices(obj.get("spec")) == want:
+            if _canon_content(obj.get("spec")) == want:
                 matched[i] = obj
                 candidates.remove(obj)
                 break
@@ -205,6 +240,29 @@ def list_attributes_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) 
                 if attr.get(key) and not (back_attrs.get(name) or {}).get(key):
                     return True
     return False
+
+
+def counters_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the server silently dropped shared counters or counter consumptions we sent
+    (DRAPartitionableDevices off): partitions would then look independent to the scheduler."""
+    if (sent.get("spec") or {}).get("sharedCounters") and not (stored.get("spec") or {}).get("sharedCounters"):
+        return True
+    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
+    return any(
+        dev.get("consumesCounters") and not (stored_devices.get(dev.get("name")) or {}).get("consumesCounters")
+        for dev in spec_devices(sent.get("spec"))
+    )
+
+
+def sharing_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether the server silently dropped `allowMultipleAllocations` we sent (DRAConsumableCapacity
+    off): the device would then be allocated once, and desired and live would never agree."""
+    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
+    return any(
+        dev.get("allowMultipleAllocations")
+        and not (stored_devices.get(dev.get("name")) or {}).get("allowMultipleAllocations")
+        for dev in spec_devices(sent.get("spec"))
+    )
 
 
 def taints_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:

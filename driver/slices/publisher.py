@@ -3,8 +3,8 @@
 The publisher feeds the pure half (`build_slices`, `plan`) and carries the planned writes out
 through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
 rate-limited, failures retried with backoff, and a server that silently drops list-typed
-attributes or device taints (feature gate off) is answered with a fallback instead of endless
-rewrites.
+attributes, device taints, shared counters or consumable capacity (feature gate off) is answered
+with a fallback instead of endless rewrites.
 """
 
 from __future__ import annotations
@@ -27,9 +27,10 @@ from driver.slices.build import (
     metadata,
     scalar_attributes,
     taint_times_of,
+    without_sharing,
 )
 from driver.slices.cache import LiveSlices
-from driver.slices.plan import list_attributes_dropped, plan, taints_dropped
+from driver.slices.plan import counters_dropped, list_attributes_dropped, plan, sharing_dropped, taints_dropped
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +106,8 @@ class SlicePublisher:
         self._last_write = float("-inf")
         self._list_mode = True
         self._taint_mode = True
+        self._counter_mode = True
+        self._sharing_mode = True
         self._stats = PublisherStats()
         self._skipped: set[str] = set()
         self._writing = False
@@ -169,6 +172,10 @@ class SlicePublisher:
             devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
         if not self._taint_mode:
             devices = [dataclasses.replace(d, taints=()) if d.taints else d for d in devices]
+        if not self._counter_mode:
+            devices = [d for d in devices if not d.consumes_counters]
+        if not self._sharing_mode:
+            devices = [without_sharing(d) for d in devices]
         assert self._node_uid is not None
         return build_slices(devices, self._driver, self._node, self._node_uid, 0, taint_times=taint_times_of(live))
 
@@ -356,3 +363,33 @@ class SlicePublisher:
             self._fall_back_to_scalars()
         if self._taint_mode and taints_dropped(sent, stored):
             self._stop_publishing_taints()
+        if self._counter_mode and counters_dropped(sent, stored):
+            self._stop_publishing_counters()
+        if self._sharing_mode and sharing_dropped(sent, stored):
+            self._stop_sharing()
+
+    def _stop_sharing(self) -> None:
+        """Without consumable capacity a shared NIC is allocated once: publish it so, or every
+        sync would rewrite what the server drops."""
+        with self._cond:
+            if not self._sharing_mode:
+                return
+            log.error(
+                "the API server does not store allowMultipleAllocations (feature gate DRAConsumableCapacity "
+                "off?): shared NICs are published as devices one claim at a time can have"
+            )
+            self._sharing_mode = False
+            self._mark_dirty()
+
+    def _stop_publishing_counters(self) -> None:
+        """Without counters the scheduler would give out overlapping MIG partitions: leave out every
+        device that draws from counters (dynamic MIG) rather than publish them unguarded."""
+        with self._cond:
+            if not self._counter_mode:
+                return
+            log.error(
+                "the API server does not store shared counters (feature gate DRAPartitionableDevices off?): "
+                "the partitions and whole GPUs of dynamic-MIG GPUs are not published"
+            )
+            self._counter_mode = False
+            self._mark_dirty()

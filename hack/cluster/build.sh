@@ -7,7 +7,7 @@ build_key() {
   {
     cat "$here/go.mod" "$here/go.sum" "$here/pause/main.go"
     go version
-    declare -f build_binaries
+    declare -f build_binaries build_runc
   } | sha256sum | cut -c1-16
 }
 
@@ -41,12 +41,34 @@ build_binaries() {
   say "building Kubernetes $kube, etcd, containerd $containerd (first time only; about 30 minutes on 2 cores)"
   mkdir -p "$BIN"
   # Static binaries without cgo: no C toolchain needed, and containerd drops only the btrfs
-  # snapshotter, which this cluster does not use.
-  (cd "$here" && CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS=-mod=readonly go install -trimpath -ldflags "$ldflags" tool ./pause)
+  # snapshotter, which this cluster does not use. runc is the one tool that needs cgo (below).
+  local tools
+  tools="$(cd "$here" && go list tool | grep -vx "$RUNC_MODULE")"
+  # shellcheck disable=SC2086 # one package per word
+  (cd "$here" && CGO_ENABLED=0 GOBIN="$BIN" GOFLAGS=-mod=readonly go install -trimpath -ldflags "$ldflags" $tools ./pause)
   # go.etcd.io/etcd/server/v3 installs as "server".
   mv "$BIN/server" "$BIN/etcd"
+  build_runc
   touch "$BIN/.complete"
   say "built in $((SECONDS - t0))s into $BIN"
+}
+
+# runc, at the version go.mod pins: CDI netDevices (exclusive NICs) need an OCI runtime that
+# implements runtime-spec 1.3 `linux.netDevices` (runc 1.3 and later; Debian 12's runc 1.1.5 does
+# not). It needs cgo (its nsenter is C) and libseccomp (the `seccomp` build tag), as a distribution
+# builds it; containerd's runc runtime is pointed at it (config/containerd.toml).
+RUNC_MODULE=github.com/opencontainers/runc
+build_runc() {
+  local need=()
+  command -v gcc >/dev/null || need+=(gcc)
+  command -v pkg-config >/dev/null || need+=(pkg-config)
+  pkg-config --exists libseccomp 2>/dev/null || need+=(libseccomp-dev)
+  if [ ${#need[@]} -gt 0 ]; then
+    say "installing ${need[*]} from Debian (to build runc)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  fi
+  (cd "$here" && CGO_ENABLED=1 GOBIN="$BIN" GOFLAGS=-mod=readonly go install -trimpath -tags seccomp \
+    -ldflags "-s -w" "$RUNC_MODULE")
 }
 
 # The images pods need, made from files on this machine (no registry is reachable):
@@ -82,7 +104,8 @@ build_base_image() {
   "${PODMAN[@]}" image exists "$BASE_IMAGE" && return 0
   local tar="$CACHE_ROOT/base/bookworm-python3.11.tar" root
   if [ ! -f "$tar" ]; then
-    command -v debootstrap >/dev/null || apt-get install -y -qq debootstrap >/dev/null
+    command -v debootstrap >/dev/null ||
+      { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null; }
     say "building a stand-in for $BASE_IMAGE with debootstrap (first time only)"
     mkdir -p "$CACHE_ROOT/base"
     root="$(mktemp -d)"

@@ -12,7 +12,7 @@ FEATURE_GATES+=",DRADeviceTaintRules=true"
 host_prereqs() {
   local need=()
   command -v openssl >/dev/null || need+=(openssl)
-  [ -x /usr/sbin/runc ] || need+=(runc)
+  [ -x /usr/sbin/runc ] || need+=(runc) # podman's, for `image`; containerd runs the runc of go.mod
   [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
   command -v iptables >/dev/null || need+=(iptables)
   command -v conntrack >/dev/null || need+=(conntrack)
@@ -147,7 +147,7 @@ start_scheduler() {
 
 start_containerd() {
   mkdir -p "$STATE/containerd" "$RUN/containerd" "$STATE/cni/net.d" "$CDI_ROOT"
-  sed -e "s|@STATE@|$STATE|g" -e "s|@RUN@|$RUN|g" -e "s|@CDI_ROOT@|$CDI_ROOT|g" \
+  sed -e "s|@STATE@|$STATE|g" -e "s|@RUN@|$RUN|g" -e "s|@CDI_ROOT@|$CDI_ROOT|g" -e "s|@BIN@|$BIN|g" \
     -e "s|@PAUSE_IMAGE@|$PAUSE_IMAGE|g" "$here/config/containerd.toml" >"$STATE/containerd/config.toml"
   sed -e "s|@POD_CIDR@|$POD_CIDR|g" "$here/config/cni.conflist" >"$STATE/cni/net.d/10-tandem.conflist"
   # The shim finds runc and itself on PATH.
@@ -204,6 +204,24 @@ import sys, yaml
 docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] != "DaemonSet"]
 print(yaml.safe_dump_all(docs))
 PY
+}
+
+# The simulated NICs' netdevs (veths named and addressed as the NICs), and the kernel's part when a
+# pod's namespace that holds one goes (demo/cluster_nics.py): exclusive NICs move for real.
+start_nic_hardware() {
+  start nic-hardware env PYTHONPATH="$repo" "$repo/.venv/bin/python" -m demo.cluster_nics run \
+    --root "$STATE/node" --node-name "$NODE_NAME"
+  wait_for 60 "the NICs' netdevs" "$LOGS/nic-hardware.log" nics_present
+}
+
+nics_present() {
+  [ "$(ip -br link show | grep -cE '^ens[0-9]+f0np0[@ ]')" -gt 0 ]
+}
+
+stop_nic_hardware() {
+  stop nic-hardware
+  [ -d "$STATE/node" ] || return 0
+  (cd "$repo" && .venv/bin/python -m demo.cluster_nics down --root "$STATE/node" --node-name "$NODE_NAME") || true
 }
 
 # Tandem as a process on the node, with the service account of daemonset.yaml: a token bound to

@@ -52,7 +52,9 @@ wait_for() {
 }
 
 # start NAME COMMAND...: run COMMAND in a session of its own (it outlives this script), logging to
-# $LOGS/NAME.log, unless the pid in $RUN/NAME.pid still runs it.
+# $LOGS/NAME.log, unless the pid in $RUN/NAME.pid still runs it. The component keeps none of this
+# script's other descriptors: a lock held around `hack/cluster.sh up` (flock) must end with it,
+# not live on in etcd or the kubelet.
 start() {
   local name="$1"
   shift
@@ -60,7 +62,13 @@ start() {
     return 0
   fi
   mkdir -p "$LOGS" "$RUN"
-  setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+  (
+    for fd in /proc/self/fd/*; do
+      fd="${fd##*/}"
+      [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null
+    done
+    exec setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null
+  ) &
   echo $! >"$RUN/$name.pid"
 }
 
@@ -114,6 +122,7 @@ cluster_up() {
   start_kubelet
   start_kube_proxy
   install_tandem_objects
+  start_nic_hardware
   if [ "${TANDEM_CLUSTER_TANDEM:-node}" = node ]; then
     start_tandem_node
   fi
@@ -137,6 +146,7 @@ cluster_restart() {
     kube-apiserver) starter=start_apiserver ;;
     kube-controller-manager) starter=start_controller_manager ;;
     tandem) starter=start_tandem_node ;;
+    nic-hardware) starter=start_nic_hardware ;;
     *) die "unknown component $name" ;;
   esac
   if [ "$name" = tandem ]; then
@@ -160,7 +170,7 @@ cluster_image() {
 cluster_status() {
   local name
   printf '%-20s %-8s %s\n' COMPONENT STATE LOG >&2
-  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy tandem; do
+  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy nic-hardware tandem; do
     if running "$name"; then
       printf '%-20s %-8s %s\n' "$name" running "$LOGS/$name.log" >&2
     elif [ -f "$LOGS/$name.log" ]; then
@@ -178,6 +188,7 @@ cluster_down() {
   stop kube-proxy
   stop kubelet
   remove_all_containers
+  stop_nic_hardware
   stop containerd
   stop kube-scheduler
   stop kube-controller-manager

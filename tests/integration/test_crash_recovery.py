@@ -11,7 +11,6 @@ chosen file. A corrupt checkpoint must cost no claim that a pod still uses.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import textwrap
@@ -20,10 +19,11 @@ import uuid
 from pathlib import Path
 
 import pytest
+from kubelet_calls import call_in_background, registered
 from waiting import poll
 
 from demo.node import DRIVER
-from sim.kubelet import ClaimRef, KubeletSim, KubeletSimError
+from sim.kubelet import ClaimRef, KubeletSim
 from sim.scheduler import Request, allocate, attribute, claim_object, published_devices, reserve, unreserve
 
 GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
@@ -42,7 +42,7 @@ class Node:
     def start(self, env: dict[str, str] | None = None):
         self.daemon = self.start_daemon(self.node, env=env)
         sock = self.kubelet.wait_for_registration_socket(DRIVER, timeout=60)
-        assert poll(lambda: _connectable(self.kubelet, sock), 60), self.daemon.log_text()
+        assert poll(lambda: registered(self.kubelet, sock), 60), self.daemon.log_text()
         assert poll(lambda: len(published_devices(self.apiserver, DRIVER, self.node.profile.name)) >= 4, 60)
 
     def kill(self):
@@ -86,22 +86,7 @@ class Node:
         return {p: p.read_bytes() for p in (*specs, *mounted) if p.exists()}
 
     def prepare_in_background(self, ref: ClaimRef, method: str = "prepare") -> threading.Thread:
-        def call():
-            # The daemon is killed under this call: the kubelet sees an RPC error, as a real one would.
-            with contextlib.suppress(KubeletSimError):
-                getattr(self.kubelet, method)([ref])
-
-        t = threading.Thread(target=call, daemon=True)
-        t.start()
-        return t
-
-
-def _connectable(kubelet: KubeletSim, sock) -> bool:
-    try:
-        kubelet.register(sock)
-        return True
-    except Exception:
-        return False
+        return call_in_background(self.kubelet, method, ref)
 
 
 @pytest.fixture

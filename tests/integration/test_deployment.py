@@ -77,6 +77,21 @@ def _claim(srv: SimApiServer, node: SimNode, name: str, *requests: Request, matc
     return ClaimRef("default", name, claim["metadata"]["uid"])
 
 
+def _claim_of_a_missing_device(srv: SimApiServer, node: SimNode) -> ClaimRef:
+    """A claim allocated a device this node does not have: its prepare fails."""
+    claim = srv.create(claim_object("default", "missing", [GPU]))
+    result = {"request": "gpu", "driver": DRIVER, "pool": node.profile.name, "device": "gpu-99"}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    srv.update(claim)
+    return ClaimRef("default", "missing", claim["metadata"]["uid"])
+
+
+def _event_seen(srv: SimApiServer, action: str) -> bool:
+    """An Event of the last cordon or uncordon reached the API server (DeviceCordoned, ...)."""
+    reason = "DeviceUncordoned" if action == "uncordon" else "DeviceCordoned"
+    return any(e["reason"] == reason for e in srv.list("events"))
+
+
 def _release(srv: SimApiServer, ref: ClaimRef) -> None:
     """The claim's pod is gone and the claim with it: its devices can be allocated again."""
     srv.delete("resourceclaims", ref.name, ref.namespace)
@@ -245,6 +260,15 @@ def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, sta
         ref = _claim(apiserver, node, "pair", GPU, NIC, match=PCIE_ROOT)
         assert kubelet.prepare([ref])[ref.uid].error == ""
         assert kubelet.unprepare([ref]) == {ref.uid: ""}
+        # A failed prepare: an Event on the claim.
+        broken = _claim_of_a_missing_device(apiserver, node)
+        assert "not (or no longer) present" in kubelet.prepare([broken])[broken.uid].error
+        assert poll(
+            lambda: any(
+                e["reason"] == "PrepareFailed" and e["regarding"]["uid"] == broken.uid and "gpu-99" in e["note"]
+                for e in apiserver.list("events", "default")
+            )
+        )
 
     # Someone deletes the slice: the publisher creates it again.
     (live,) = _slices(apiserver, node)
@@ -263,6 +287,11 @@ def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, sta
             d["name"] == "gpu-0" and d.get("taints") for d in published_devices(apiserver, DRIVER, node.profile.name)
         )
     )
+    # Cordon events on the Node; the same one again within minutes is a series (a patch).
+    for args in (("uncordon", "gpu-0"), ("cordon", "gpu-0", "--reason", "rbac test")):
+        assert _ctl(node, *args)[0] == 0
+        assert poll(lambda args=args: _event_seen(apiserver, args[0]))
+    assert poll(lambda: any((e.get("series") or {}).get("count") == 2 for e in apiserver.list("events")))
     assert daemon.stop() == 0
 
     observed = _observed_calls(apiserver.requests)

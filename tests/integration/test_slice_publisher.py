@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from driver.discovery.nic_device import shared_capacity
 from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
 from driver.slices.publisher import PublisherOptions, SlicePublisher
@@ -385,6 +386,50 @@ def test_taints_dropped_by_the_server_do_not_cause_endless_rewrites(
     pub = make_publisher(devices)
     assert _poll(lambda: not pub.taints_active)
     assert pub.wait_synced(DEADLINE)
+    writes = pub.stats.writes
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    assert pub.stats.writes == writes, "a synced pool must not be rewritten"
+
+
+def _shared_nic(i: int) -> Device:
+    sharing = shared_capacity(8)
+    return Device(
+        name=f"pci-0000-{i:02x}-00-0",
+        kind=DeviceKind.NIC,
+        attributes={"type": "nic"},
+        capacity=sharing.capacity,
+        allow_multiple_allocations=sharing.allow_multiple_allocations,
+        request_policies=sharing.request_policies,
+    )
+
+
+def test_shared_nics_are_stored_as_sent_and_a_synced_pool_is_not_rewritten(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    pub = make_publisher(Devices([_shared_nic(1), gpu(0)]))
+    assert pub.wait_synced(DEADLINE)
+    (stored,) = [d for s in srv.list("resourceslices") for d in s["spec"]["devices"] if d["name"].startswith("pci-")]
+    assert stored["allowMultipleAllocations"] is True
+    assert stored["capacity"]["shares"] == {
+        "value": "8",
+        "requestPolicy": {"default": "8", "validRange": {"min": "1", "max": "8", "step": "1"}},
+    }
+    writes = pub.stats.writes
+    pub.trigger()
+    assert pub.wait_synced(DEADLINE)
+    assert pub.stats.writes == writes, "a synced pool must not be rewritten"
+
+
+def test_sharing_dropped_by_the_server_falls_back_to_whole_nics(
+    srv: Any, make_publisher: Callable[..., SlicePublisher], caplog: pytest.LogCaptureFixture
+) -> None:
+    srv.consumable_capacity_enabled = False
+    pub = make_publisher(Devices([_shared_nic(1), _shared_nic(2)]))
+    assert _poll(lambda: "does not store allowMultipleAllocations" in caplog.text)
+    assert pub.wait_synced(DEADLINE)
+    devices = [d for s in srv.list("resourceslices") for d in s["spec"]["devices"]]
+    assert not any(d.get("allowMultipleAllocations") or d["capacity"]["shares"].get("requestPolicy") for d in devices)
     writes = pub.stats.writes
     pub.trigger()
     assert pub.wait_synced(DEADLINE)

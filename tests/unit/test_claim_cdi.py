@@ -26,6 +26,7 @@ from driver.device_nodes import DeviceNodes
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
+from driver.discovery.pcie import PCIE_SWITCH
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, GpuInfo, NicInfo
 from sim import nvml as sim_nvml
 from sim.driver_files import render_driver_files
@@ -177,7 +178,7 @@ def test_optional_nodes_are_left_out_with_a_warning(fresh: Node, caplog: pytest.
     (dev / "nvidia-modeset").unlink()
     (dev / "infiniband/rdma_cm").unlink()
     with caplog.at_level(logging.WARNING, logger="driver.device_nodes"):
-        spec, _ = build(fresh, [plan(fresh.devices["gpu-1"]), plan(fresh.devices["pci-0000-17-00-0"])])
+        spec, _ = build(fresh, [plan(fresh.devices["gpu-1"]), plan(fresh.devices["pci-0000-1a-00-0"])])
     assert all_node_paths(spec) == [
         "/dev/nvidiactl",
         "/dev/nvidia-uvm",
@@ -263,7 +264,7 @@ def test_missing_rdma_node_fails_the_claim_naming_node_and_module(fresh: Node, n
     (fresh.dev / "infiniband" / name).unlink()
     mad = RequestConfig(nic=NicConfig(mad=True))
     with pytest.raises(ClaimSpecError, match=rf"{fresh.dev}/infiniband/{name} is missing: .*{module} kernel module"):
-        claim_spec(DRIVER, UID, [plan(fresh.devices["pci-0000-39-00-0"], config=mad)], fresh.nodes, fresh.files)
+        claim_spec(DRIVER, UID, [plan(fresh.devices["pci-0000-22-00-0"], config=mad)], fresh.nodes, fresh.files)
     assert not (fresh.dev / "infiniband" / name).exists()
 
 
@@ -279,7 +280,7 @@ def test_rdma_node_missing_when_discovered_fails_the_claim_naming_it(tmp_path: P
 
 
 def test_nic_without_a_uverbs_device_fails_the_claim(h100: Node) -> None:
-    nic = h100.devices["pci-0000-17-00-0"]
+    nic = h100.devices["pci-0000-1a-00-0"]
     assert nic.nic is not None
     unloaded = dataclasses.replace(nic, nic=dataclasses.replace(nic.nic, uverbs="", umad="", issm=""))
     with pytest.raises(ClaimSpecError, match="no uverbs device in sysfs: the ib_uverbs kernel module"):
@@ -336,7 +337,7 @@ def test_share_ids_make_distinct_devices_and_ids(h100: Node) -> None:
 
 
 def test_shared_nic_gets_verbs_and_rdma_cm_and_library_env(h100: Node) -> None:
-    nic = h100.devices["pci-0000-17-00-0"]
+    nic = h100.devices["pci-0000-1a-00-0"]
     spec, ids = build(h100, [plan(nic)])
     assert node_paths(device(spec, nic.name).container_edits) == ["/dev/infiniband/uverbs0", "/dev/infiniband/rdma_cm"]
     env = all_env(spec)
@@ -349,7 +350,7 @@ def test_shared_nic_gets_verbs_and_rdma_cm_and_library_env(h100: Node) -> None:
 
 
 def test_mad_adds_umad_and_issm(h100: Node) -> None:
-    nic = h100.devices["pci-0000-39-00-0"]
+    nic = h100.devices["pci-0000-22-00-0"]
     spec, _ = build(h100, [plan(nic, config=RequestConfig(nic=NicConfig(mad=True)))])
     assert node_paths(device(spec, nic.name).container_edits) == [
         "/dev/infiniband/uverbs1",
@@ -360,7 +361,7 @@ def test_mad_adds_umad_and_issm(h100: Node) -> None:
 
 
 def test_two_nics_share_rdma_cm_once_and_list_both(h100: Node) -> None:
-    a, b = h100.devices["pci-0000-17-00-0"], h100.devices["pci-0000-39-00-0"]
+    a, b = h100.devices["pci-0000-1a-00-0"], h100.devices["pci-0000-22-00-0"]
     spec, _ = build(h100, [plan(b), plan(a)])
     assert all_node_paths(spec).count("/dev/infiniband/rdma_cm") == 1
     env = all_env(spec)
@@ -381,15 +382,26 @@ def test_ucx_names_the_port_the_netdev_is_on(tmp_path: Path, h100: Node) -> None
 
 
 def test_exclusive_nic_moves_the_netdev_and_needs_1_1_0(h100: Node) -> None:
-    nic = h100.devices["pci-0000-17-00-0"]
+    nic = h100.devices["pci-0000-1a-00-0"]
     spec, _ = build(h100, [plan(nic, config=exclusive("net1"))])
     assert device(spec, nic.name).container_edits.net_devices == (cdi.NetDevice("ens1f0np0", "net1"),)
     assert spec.cdi_version == "1.1.0"
     assert "/dev/infiniband/uverbs0" in all_node_paths(spec)
+    assert device(spec, nic.name).container_edits.hooks == ()  # nothing to set up in the pod
+
+
+def test_exclusive_nic_settings_come_as_a_create_runtime_hook(h100: Node) -> None:
+    nic = h100.devices["pci-0000-1a-00-0"]
+    config = RequestConfig(nic=NicConfig(mode="exclusive", interface_name="net1", addresses=("10.9.0.5/24",), mtu=4200))
+    spec, _ = build(h100, [plan(nic, config=config)])
+    (hook,) = device(spec, nic.name).container_edits.hooks
+    assert (hook.hook_name, hook.path) == ("createRuntime", "/bin/sh")
+    assert "ip address add 10.9.0.5/24 dev net1" in hook.args[-1] and "mtu 4200" in hook.args[-1]
+    cdi.validate(spec)  # what runtimes check on load
 
 
 def test_exclusive_nics_with_the_same_pod_name_are_refused(h100: Node) -> None:
-    a, b = h100.devices["pci-0000-17-00-0"], h100.devices["pci-0000-39-00-0"]
+    a, b = h100.devices["pci-0000-1a-00-0"], h100.devices["pci-0000-22-00-0"]
     with pytest.raises(ClaimSpecError, match="net1"):
         claim_spec(
             DRIVER, UID, [plan(a, config=exclusive("net1")), plan(b, config=exclusive("net1"))], h100.nodes, h100.files
@@ -397,7 +409,7 @@ def test_exclusive_nics_with_the_same_pod_name_are_refused(h100: Node) -> None:
 
 
 def test_exclusive_nic_without_a_host_netdev_is_refused(h100: Node) -> None:
-    nic = h100.devices["pci-0000-17-00-0"]
+    nic = h100.devices["pci-0000-1a-00-0"]
     assert nic.nic is not None
     gone = dataclasses.replace(nic, nic=dataclasses.replace(nic.nic, present=False))
     with pytest.raises(ClaimSpecError, match="no network interface"):
@@ -407,13 +419,13 @@ def test_exclusive_nic_without_a_host_netdev_is_refused(h100: Node) -> None:
 # -- GPU + NIC ----------------------------------------------------------------------------------
 
 
-def test_gpu_nic_pairing_follows_root_then_numa_in_gpu_order(h100: Node) -> None:
+def test_gpu_nic_pairing_follows_the_pcie_switch_in_gpu_order(h100: Node) -> None:
     d = h100.devices
-    planned = [plan(d[n], "nic") for n in ("pci-0000-39-00-0", "pci-0000-17-00-0")]
+    planned = [plan(d[n], "nic") for n in ("pci-0000-22-00-0", "pci-0000-1a-00-0")]
     planned += [plan(d[n], "gpu") for n in ("gpu-3", "gpu-0", "gpu-2", "gpu-1")]  # order given does not matter
     spec, _ = build(h100, planned)
     env = all_env(spec)
-    # gpu-0: same root as mlx5_0; gpu-1: same NUMA node; gpu-2: root of mlx5_1; gpu-3: NUMA 1
+    # all on one root complex: gpu-0 and gpu-1 sit behind mlx5_0's switch, gpu-2 and gpu-3 behind mlx5_1's
     assert env["TANDEM_GPU_NIC_PAIRS"] == "0:mlx5_0,1:mlx5_0,2:mlx5_1,3:mlx5_1"
     assert env["NCCL_IB_HCA"] == "=mlx5_0,mlx5_1"
     assert version_key(spec.cdi_version) <= version_key("0.5.0")
@@ -421,7 +433,7 @@ def test_gpu_nic_pairing_follows_root_then_numa_in_gpu_order(h100: Node) -> None
 
 def test_nccl_order_follows_the_first_gpu_that_uses_each_nic(h100: Node) -> None:
     d = h100.devices
-    planned = [plan(d["gpu-2"]), plan(d["pci-0000-17-00-0"]), plan(d["pci-0000-39-00-0"])]
+    planned = [plan(d["gpu-2"]), plan(d["pci-0000-1a-00-0"]), plan(d["pci-0000-22-00-0"])]
     env = all_env(build(h100, planned)[0])
     assert env["TANDEM_GPU_NIC_PAIRS"] == "0:mlx5_1"
     assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_0"
@@ -431,7 +443,7 @@ def test_nccl_order_follows_the_first_gpu_that_uses_each_nic(h100: Node) -> None
 def test_pair_nics_false_gives_no_pairing_env(h100: Node) -> None:
     d = h100.devices
     off = RequestConfig(gpu=GpuConfig(pair_nics=False))
-    env = all_env(build(h100, [plan(d["gpu-2"], config=off), plan(d["pci-0000-17-00-0"])])[0])
+    env = all_env(build(h100, [plan(d["gpu-2"], config=off), plan(d["pci-0000-1a-00-0"])])[0])
     assert "TANDEM_GPU_NIC_PAIRS" not in env
     assert env["NCCL_IB_HCA"] == "=mlx5_0"
 
@@ -439,7 +451,7 @@ def test_pair_nics_false_gives_no_pairing_env(h100: Node) -> None:
 def test_pairing_skips_unpaired_gpus_but_keeps_their_ordinals(h100: Node) -> None:
     d = h100.devices
     off = RequestConfig(gpu=GpuConfig(pair_nics=False))
-    planned = [plan(d["gpu-0"], "a", off), plan(d["gpu-2"], "b"), plan(d["pci-0000-39-00-0"], "n")]
+    planned = [plan(d["gpu-0"], "a", off), plan(d["gpu-2"], "b"), plan(d["pci-0000-22-00-0"], "n")]
     assert all_env(build(h100, planned)[0])["TANDEM_GPU_NIC_PAIRS"] == "1:mlx5_1"
 
 
@@ -465,7 +477,34 @@ def test_nearest_rule_balances_within_a_tier_and_falls_back_to_any() -> None:
         _gpu("gpu-3", "0000:90:01.0", "pci0000:90", 0),  # same root beats NUMA
     ]
     pairs = pair_gpus_with_nics(gpus, nics)
-    assert [(i, n.name) for i, n in pairs] == [(0, "mlx5_0"), (1, "mlx5_0"), (2, "mlx5_1"), (3, "mlx5_1")]
+    assert [(p.ordinal, p.nic.name) for p in pairs] == [(0, "mlx5_0"), (1, "mlx5_0"), (2, "mlx5_1"), (3, "mlx5_1")]
+    assert [p.rule for p in pairs] == ["none", "numaNode", "none", "pcieRoot"]
+
+
+def _at(device: Device, *path: str, switch: str = "") -> Device:
+    attrs = {**device.attributes, PCIE_ROOT: path[0], **({PCIE_SWITCH: switch} if switch else {})}
+    return dataclasses.replace(device, attributes=attrs, pcie_path=path)
+
+
+def test_smallest_pcie_distance_wins_over_load_and_names_its_rule() -> None:
+    """Two levels of switches below one root port: the GPU's own switch first, then the NIC behind
+    the parent switch (a bridge below the root complex), then one that shares only the root."""
+    root, rp, top = "pci0000:40", "0000:40:01.0", "0000:41:00.0"
+    own = _at(_nic("mlx5_0", "0000:45:00.0", root, 0), root, rp, top, "0000:42:00.0", "0000:43:00.0", "0000:44:02.0",
+              switch="0000:43:00.0")  # fmt: skip
+    parent = _at(_nic("mlx5_1", "0000:46:00.0", root, 0), root, rp, top, "0000:42:01.0", switch="0000:41:00.0")
+    far = _at(_nic("mlx5_2", "0000:50:00.0", root, 0), root, "0000:40:02.0", "0000:4f:00.0", "0000:4f:01.0",
+              switch="0000:4f:00.0")  # fmt: skip
+    below = (root, rp, top, "0000:42:00.0", "0000:43:00.0")
+    gpus = [
+        _at(_gpu(f"gpu-{i}", f"0000:45:0{i}.0", root, 0), *below, f"0000:44:0{i}.0", switch="0000:43:00.0")
+        for i in range(2)
+    ]
+    pairs = pair_gpus_with_nics(gpus, [far, parent, own])
+    assert [(p.nic.name, p.rule) for p in pairs] == [("mlx5_0", PCIE_SWITCH), ("mlx5_0", PCIE_SWITCH)]
+    pairs = pair_gpus_with_nics(gpus, [far, parent])
+    assert [(p.nic.name, p.rule) for p in pairs] == [("mlx5_1", "pcieBridge"), ("mlx5_1", "pcieBridge")]
+    assert [(p.nic.name, p.rule) for p in pair_gpus_with_nics(gpus[:1], [far])] == [("mlx5_2", "pcieRoot")]
 
 
 def test_whole_claim_has_unique_nodes_and_env_keys(h100: Node, a100: Node) -> None:
@@ -474,19 +513,19 @@ def test_whole_claim_has_unique_nodes_and_env_keys(h100: Node, a100: Node) -> No
         plan(d["gpu-0"], "a", share=SHARE_A),
         plan(d["gpu-0"], "b", share=SHARE_B),
         plan(d["gpu-1"], "c"),
-        plan(d["pci-0000-17-00-0"], "n", RequestConfig(nic=NicConfig(mad=True))),
-        plan(d["pci-0000-39-00-0"], "n"),
+        plan(d["pci-0000-1a-00-0"], "n", RequestConfig(nic=NicConfig(mad=True))),
+        plan(d["pci-0000-22-00-0"], "n"),
     ]
     spec, ids = build(h100, planned)
     paths = all_node_paths(spec)
     assert len(paths) == len(set(paths)), paths
     all_env(spec)  # asserts unique keys
-    assert set(ids) == {"gpu-0", "gpu-1", "pci-0000-17-00-0", "pci-0000-39-00-0"}
+    assert set(ids) == {"gpu-0", "gpu-1", "pci-0000-1a-00-0", "pci-0000-22-00-0"}
 
 
 def test_spec_round_trips_through_the_cdi_writer(h100: Node, tmp_path: Path) -> None:
     d = h100.devices
-    spec, _ = build(h100, [plan(d["gpu-0"]), plan(d["pci-0000-17-00-0"])])
+    spec, _ = build(h100, [plan(d["gpu-0"]), plan(d["pci-0000-1a-00-0"])])
     name = claim_spec_filename(DRIVER, UID)
     assert name == f"k8s.{DRIVER}-claim_{UID}.json"
     path = cdi.write_spec(tmp_path, spec, name)

@@ -97,7 +97,9 @@ BAD_ENVIRONMENT = {
     "LINK_DEBOUNCE": ("inf", "argument --link-debounce (from LINK_DEBOUNCE='inf'): 'inf' is not a finite number"),
     "NETNS": ("../x", "--netns '../x' must be the name of a namespace"),
     "EXCLUDE_NICS": ("eth 0", "--exclude-nics: 'eth 0' is not a netdev name or glob"),
+    "DYNAMIC_MIG": ("gpu-3", "--dynamic-mig: 'gpu-3' is not 'all', a GPU minor number or a GPU UUID"),
     "NIC_LINK_SOURCE": ("pigeon", "argument --nic-link-source (from NIC_LINK_SOURCE='pigeon'): 'pigeon' is not one of"),
+    "NIC_SHARES": ("0", "--nic-shares 0 must be 1 to 1000"),
     "VERBOSITY": ("x", "argument -v/--verbose (from VERBOSITY='x'): 'x' is not a verbosity level"),
     "LOG_FORMAT": ("xml", "argument --log-format (from LOG_FORMAT='xml'): 'xml' is not one of: text, json"),
 }
@@ -202,3 +204,12 @@ def test_nic_exclusions_match_netdev_names_and_pci_addresses():
     for bad in ("0000:zz:00.0", "a/b", "x y"):
         with pytest.raises(ConfigError, match="--exclude-nics"):
             NicExclusions.parse(bad)
+
+
+def test_dynamic_mig_selects_gpus_by_minor_or_uuid(monkeypatch):
+    uuid = "GPU-00000001-0000-4000-8000-000000000001"
+    chosen = _config(["--node-name", "n", "--dynamic-mig", f"3, {uuid}"], monkeypatch).dynamic_mig
+    assert chosen.selects(3, "GPU-x") and chosen.selects(0, uuid) and not chosen.selects(1, "GPU-x")
+    everything = _config(["--node-name", "n", "--dynamic-mig", "all"], monkeypatch).dynamic_mig
+    assert everything.selects(5, "GPU-y")
+    assert not _config(["--node-name", "n"], monkeypatch).dynamic_mig.selects(0, uuid)  # off by default

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from driver.config_api import ConfigDecodeError, GpuConfig, NicConfig, OpaqueEntry, opaque_entries, resolve
+from driver.config_api import ConfigDecodeError, GpuConfig, NicConfig, OpaqueEntry, Route, opaque_entries, resolve
 
 V = "tandem.dev/v1alpha1"
 
@@ -83,3 +83,49 @@ def test_only_this_drivers_entries_are_taken():
         }
     }
     assert opaque_entries(allocation, "tandem.dev") == [_e({}, requests=["nic"], index=1)]
+
+
+def _nic(**fields):
+    return _e({"apiVersion": "tandem.dev/v1alpha1", "kind": "NicConfig", "mode": "exclusive",
+               "interfaceName": "net1", **fields})  # fmt: skip
+
+
+def test_exclusive_ip_settings_are_decoded_canonically():
+    routes = [{"destination": "10.10.0.0/16", "via": "10.9.0.1"}, {"destination": "0.0.0.0/0"}]
+    cfg = resolve([_nic(addresses=["10.9.0.5/24", "fd42:0::5/64"], routes=routes, mtu=9000)], "nic").nic
+    assert cfg.addresses == ("10.9.0.5/24", "fd42::5/64")
+    assert cfg.routes == (Route("10.10.0.0/16", "10.9.0.1"), Route("0.0.0.0/0"))
+    assert cfg.mtu == 9000
+
+
+@pytest.mark.parametrize(
+    ("fields", "match"),
+    [
+        ({"addresses": ["10.9.0.5"]}, r"addresses\[0\] .*prefix length"),
+        ({"addresses": ["10.9.0.300/24"]}, r"addresses\[0\]"),
+        ({"addresses": ["127.0.0.2/8"]}, "loopback"),
+        ({"addresses": ["fe80::1/64"]}, "link-local"),
+        ({"addresses": ["10.9.0.5/24", "10.9.0.5/24"]}, "twice"),
+        ({"addresses": [f"10.9.0.{i}/24" for i in range(1, 18)]}, "at most 16"),
+        ({"addresses": "10.9.0.5/24"}, "addresses must be a list"),
+        ({"routes": [{"destination": "10.10.0.1/16"}]}, r"routes\[0\].*host bits"),
+        ({"routes": [{"destination": "10.10.0.0/16", "via": "fd42::1"}]}, "different IP versions"),
+        ({"routes": [{"to": "10.10.0.0/16"}]}, "destination"),
+        (
+            {"addresses": ["10.9.0.5/24"], "routes": [{"destination": "10.10.0.0/16", "via": "10.8.0.1"}]},
+            "none of the networks",
+        ),
+        ({"mtu": 67}, "mtu 67 must be 68"),
+        ({"addresses": ["fd42::5/64"], "mtu": 1000}, "mtu 1000 must be 1280"),
+        ({"mtu": True}, "mtu must be a int"),
+    ],
+)
+def test_bad_ip_settings_name_the_field(fields, match):
+    with pytest.raises(ConfigDecodeError, match=match):
+        resolve([_nic(**fields)], "nic")
+
+
+def test_ip_settings_need_exclusive_mode():
+    shared = _e({"apiVersion": "tandem.dev/v1alpha1", "kind": "NicConfig", "addresses": ["10.9.0.5/24"]})
+    with pytest.raises(ConfigDecodeError, match="apply to mode exclusive only"):
+        resolve([shared], "nic")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,12 @@ def test_cordon_taints_one_device_without_making_it_unhealthy(tmp_path: Path) ->
     assert _device(inv, "gpu-1").taints == () and _device(inv, "nic-0").taints == ()
 
 
-def test_cordon_survives_restart(tmp_path: Path) -> None:
+def test_cordon_survives_restart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    synced: list[int] = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     CordonStore(tmp_path, _inventory("gpu-0", "nic-0")).cordon("nic-0", "flapping link", by="bob")
+    assert len(synced) == 2  # durable, unlike prepared claims' state: the file and its rename survive a reboot
 
     inv = _inventory("gpu-0", "nic-0")  # a new daemon: fresh inventory, same data dir
     store = CordonStore(tmp_path, inv)

@@ -23,6 +23,7 @@ import yaml
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
 from driver.config_api import opaque_entries, resolve
+from driver.discovery.nic_device import SHARES
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
@@ -512,6 +513,7 @@ def test_rbac_grants_what_the_driver_calls(daemon_config: Config) -> None:
     assert "get" in rules["resource.k8s.io", "resourceclaims"]["verbs"]
     assert "patch" in rules["resource.k8s.io", "resourceclaims/status"]["verbs"]
     assert rules["", "nodes"]["verbs"] == ["get"]
+    assert rules["events.k8s.io", "events"]["verbs"] == ["create", "patch"]  # driver/events.py
     granular = rules["resource.k8s.io", "resourceclaims/driver"]
     assert granular["resourceNames"] == [daemon_config.driver_name]
     assert "associated-node:patch" in granular["verbs"]
@@ -528,6 +530,7 @@ def test_rbac_grants_nothing_cluster_wide_beyond_the_driver() -> None:
         ("resource.k8s.io", "resourceclaims/status"),
         ("resource.k8s.io", "resourceclaims/driver"),
         ("", "nodes"),
+        ("events.k8s.io", "events"),
     }
 
 
@@ -620,11 +623,14 @@ def test_examples_cover_every_scenario() -> None:
         "namespace.yaml",
         "gpu.yaml",
         "mig.yaml",
+        "mig-on-demand.yaml",
         "nic.yaml",
         "gpu-nic-pair.yaml",
         "extended-resource.yaml",
         "opaque-config.yaml",
         "device-taint-rule.yaml",
+        "gpu-nic-switch.yaml",
+        "shared-nic.yaml",
     } <= set(EXAMPLES)
 
 
@@ -661,6 +667,9 @@ def test_example_pods_reference_claims_that_exist(name: str) -> None:
 def test_example_constraints_and_configs_name_existing_requests(name: str, daemon_config: Config) -> None:
     for claim, spec in _claim_specs(EXAMPLES[name]):
         requests = {r["name"] for r in spec["devices"]["requests"]}
+        requests |= {
+            f"{r['name']}/{s['name']}" for r in spec["devices"]["requests"] for s in r.get("firstAvailable", [])
+        }
         for c in spec["devices"].get("constraints", []):
             assert set(c.get("requests", [])) <= requests, claim
         for c in spec["devices"].get("config", []):
@@ -693,6 +702,7 @@ def test_opaque_config_example_decodes_with_the_drivers_decoder(daemon_config: C
     assert len(entries) == 2
     nic = resolve(entries, "nic").nic
     assert (nic.mode, nic.interface_name) == ("exclusive", "net1")
+    assert nic.addresses and nic.routes and nic.mtu
     assert resolve(entries, "gpu").gpu.pair_nics is True
 
 
@@ -704,3 +714,20 @@ def test_device_taint_rules_select_this_drivers_devices(daemon_config: Config) -
         assert selector["driver"] == daemon_config.driver_name
         assert set(selector) <= {"driver", "pool", "device"}
     assert any("device" in r["spec"]["deviceSelector"] for r in rules), "the cordon-one-device form"
+
+
+def test_gpu_nic_switch_falls_back_from_switch_to_root_to_numa() -> None:
+    ((_, spec),) = _claim_specs(EXAMPLES["gpu-nic-switch.yaml"])
+    (nic,) = [r for r in spec["devices"]["requests"] if r["name"] == "nic"]
+    assert [s["name"] for s in nic["firstAvailable"]] == ["same-switch", "same-root", "same-numa"]
+    assert [(c["requests"], c["matchAttribute"]) for c in spec["devices"]["constraints"]] == [
+        (["gpu", "nic/same-switch"], "tandem.dev/pcieSwitch"),
+        (["gpu", "nic/same-root"], "resource.kubernetes.io/pcieRoot"),
+        (["gpu", "nic/same-numa"], "resource.kubernetes.io/numaNode"),
+    ]
+
+
+def test_shared_nic_asks_for_one_share_of_the_published_capacity() -> None:
+    ((_, spec),) = _claim_specs(EXAMPLES["shared-nic.yaml"])
+    (request,) = spec["devices"]["requests"]
+    assert request["exactly"]["capacity"]["requests"] == {SHARES: "1"}

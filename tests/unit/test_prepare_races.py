@@ -9,6 +9,7 @@ party acts: what matters is what is left on disk and in the checkpoint afterward
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 
@@ -39,6 +40,18 @@ def _files(data: Path, cdi_root: Path) -> list[str]:
     return sorted(p.name for p in cdi_root.glob("*.json")) + sorted(
         p.name for p in (data / "dra-device-metadata").glob("*")
     )
+
+
+def test_prepare_and_unprepare_fsync_nothing(setup, monkeypatch: pytest.MonkeyPatch):
+    """The record and the files of prepared claims are boot-scoped: written atomically, never
+    fsynced (driver.fsutil says why), so no prepare waits for a disk flush."""
+    api, a, _, _, _ = setup
+    synced: list[str] = []
+    monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
+    ref = api.add("default", "c", "uid-1")
+    assert not a.prepare([ref])[ref.uid].error
+    assert a.unprepare([ref]) == {ref.uid: ""}
+    assert synced == []
 
 
 def test_unprepare_by_the_other_instance_mid_prepare_leaves_nothing(setup):

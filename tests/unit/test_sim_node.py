@@ -8,14 +8,17 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from ctypes import c_uint
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from driver.discovery.topology import pcie_root
+from demo.cluster_node import RENDERED_MARK, ClusterNode
+from driver.discovery.pcie import pcie_path
 from sim import nvml as sim_nvml
 from sim import sysfs as sim_sysfs
 from sim.fstree import pci_device_dir
@@ -313,6 +316,54 @@ def test_fake_events(fake: tuple[ModuleType, Path]) -> None:
     pynvml.nvmlShutdown()
 
 
+def test_fake_event_wait_blocks_until_an_event_or_a_lost_gpu_wakes_it(
+    fake: tuple[ModuleType, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the real wait blocks in the driver, the fake's sleeps until a file changes: no polling
+    (which cost the daemon 1 % of a core at idle), and a new event or a lost GPU wakes it at once."""
+    pynvml, state = fake
+    profile = h100_node(gpus=2, nics=0)
+    sim_nvml.write_state(profile, state)
+    pynvml.nvmlInit()
+    events = pynvml.nvmlEventSetCreate()
+    pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(1), pynvml.nvmlEventTypeXidCriticalError, events)
+    looks = 0
+    current = pynvml._current
+
+    def counted() -> list:
+        nonlocal looks
+        looks += 1
+        return current()
+
+    monkeypatch.setattr(pynvml, "_current", counted)
+    done = threading.Event()
+
+    def write_beside() -> None:  # other files in the state's directory (a daemon log) change often
+        while not done.wait(0.01):
+            with open(state.parent / "daemon.log", "a") as f:
+                f.write("line\n")
+
+    with ThreadPoolExecutor(1) as pool:
+        writer = pool.submit(write_beside)
+        with pytest.raises(pynvml.NVMLError_Timeout):
+            pynvml.nvmlEventSetWait_v2(events, 300)
+        done.set()
+        writer.result()
+    assert looks <= 2  # one look before the wait, one after it timed out: nothing in between
+
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(pynvml.nvmlEventSetWait_v2, events, 60_000)
+        sim_nvml.append_event(state, profile.gpus[1].uuid, pynvml.nvmlEventTypeXidCriticalError, 79)
+        assert waiting.result(timeout=30).eventData == 79
+        waiting = pool.submit(pynvml.nvmlEventSetWait_v2, events, 60_000)
+        profile.gpus[1].lost = True
+        sim_nvml.write_state(profile, state)
+        with pytest.raises(pynvml.NVMLError_GpuIsLost):
+            waiting.result(timeout=30)
+    pynvml.nvmlEventSetFree(events)
+    pynvml.nvmlShutdown()
+
+
 def test_env_for_makes_a_child_process_load_the_fake(tmp_path: Path) -> None:
     state = tmp_path / "nvml.json"
     sim_nvml.write_state(h100_node(gpus=2, nics=0), state)
@@ -323,10 +374,36 @@ def test_env_for_makes_a_child_process_load_the_fake(tmp_path: Path) -> None:
     assert Path(path) == FAKE_FILE and count == "2"
 
 
-def test_gpus_and_nics_share_pcie_roots(tmp_path: Path) -> None:
-    profile = h100_node()  # NIC j sits on the root of GPU 2j
+def test_hgx_board_two_gpus_and_a_nic_behind_each_switch_two_switches_per_root(tmp_path: Path) -> None:
+    profile = h100_node()
     sysfs, _, _ = render(tmp_path, profile)
-    assert len(list((sysfs / "bus" / "pci" / "devices").iterdir())) == len(profile.gpus) + len(profile.nics)
-    for j, nic in enumerate(profile.nics):
-        gpu = profile.gpus[2 * j]
-        assert pcie_root(sysfs, nic.pci_address) == pcie_root(sysfs, gpu.pci_bus_id) == gpu.pcie_root
+    bridges = {b for d in [*profile.gpus, *profile.nics] for b in d.pcie_bridges}
+    listed = {p.name for p in (sysfs / "bus" / "pci" / "devices").iterdir()}
+    assert len(listed) == len(profile.gpus) + len(profile.nics) + len(bridges)  # the kernel lists bridges too
+    switches = []
+    for s, nic in enumerate(profile.nics):
+        gpus = profile.gpus[2 * s : 2 * s + 2]
+        paths = [pcie_path(sysfs, d) for d in (nic.pci_address, *(g.pci_bus_id for g in gpus))]
+        assert all(p is not None for p in paths)
+        assert {p.switch for p in paths if p} == {nic.pcie_bridges[1]}  # the upstream port
+        assert {p.root for p in paths if p} == {nic.pcie_root}
+        switches.append(nic.pcie_bridges[1])
+        assert {g.numa_node for g in gpus} == {nic.numa_node} == {s // 2}
+    assert len(set(switches)) == 4
+    assert len({n.pcie_root for n in profile.nics}) == 2
+
+
+def test_the_cluster_node_is_rendered_anew_when_its_profile_changes(tmp_path: Path) -> None:
+    """A node rendered from an older profile (another board layout) would mix two hardware trees."""
+    node = ClusterNode(tmp_path, tmp_path / "kubeconfig", "n")
+    node.sim_node()
+    mark = tmp_path / RENDERED_MARK
+    fingerprint = mark.read_text()
+    stale = tmp_path / "sys" / "devices" / "pci0000:15" / "0000:15:01.0" / "0000:16:00.0" / "from-an-old-layout"
+    stale.write_text("x")
+    node.sim_node()
+    assert stale.exists() and mark.read_text() == fingerprint  # same profile: kept as it is
+    mark.write_text("an older profile")
+    node.sim_node()
+    assert not stale.exists() and mark.read_text() == fingerprint
+    assert (tmp_path / "sys" / "class" / "net" / "ens1f0np0" / "device").resolve().name == "0000:1a:00.0"

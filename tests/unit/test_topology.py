@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from driver.discovery.pcie import PCIE_PATH, device_path
 from driver.discovery.topology import (
     is_pci_bus_id,
     numa_node,
     numa_node_list,
     pci_bus_id,
-    pcie_root,
-    topology_attributes,
+    topology,
 )
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT
 
@@ -69,41 +69,42 @@ def test_pci_bus_id_rejects_malformed(raw: str) -> None:
         pci_bus_id(raw)
 
 
-def test_pcie_root_from_relative_link(tmp_path: Path) -> None:
+def test_device_path_from_relative_link(tmp_path: Path) -> None:
     add_function(tmp_path)
-    assert pcie_root(tmp_path, BDF) == "pci0000:15"
+    assert device_path(tmp_path, BDF) == ("pci0000:15", "0000:15:01.0", BDF)
+    assert topology(tmp_path, BDF, list_form=False).attributes[PCIE_ROOT] == "pci0000:15"
 
 
-def test_pcie_root_of_function_on_root_bus(tmp_path: Path) -> None:
+def test_device_path_of_function_on_root_bus(tmp_path: Path) -> None:
     add_function(tmp_path, bdf="0000:00:02.0", chain="pci0000:00")
-    assert pcie_root(tmp_path, "0000:00:02.0") == "pci0000:00"
+    assert device_path(tmp_path, "0000:00:02.0") == ("pci0000:00", "0000:00:02.0")
 
 
-def test_pcie_root_rejects_absolute_link(tmp_path: Path) -> None:
+def test_device_path_rejects_absolute_link(tmp_path: Path) -> None:
     real = add_function(tmp_path)
     link = tmp_path / "bus" / "pci" / "devices" / BDF
     link.unlink()
     link.symlink_to(real)  # absolute: the kernel never makes these
-    assert pcie_root(tmp_path, BDF) is None
+    assert device_path(tmp_path, BDF) is None
 
 
-def test_pcie_root_rejects_target_outside_devices_pci(tmp_path: Path) -> None:
+def test_device_path_rejects_target_outside_devices_pci(tmp_path: Path) -> None:
     add_function(tmp_path, chain="platform/soc")
-    assert pcie_root(tmp_path, BDF) is None
+    assert device_path(tmp_path, BDF) is None
 
 
-def test_pcie_root_rejects_target_naming_another_function(tmp_path: Path) -> None:
+def test_device_path_rejects_target_naming_another_function(tmp_path: Path) -> None:
     real = add_function(tmp_path)
     link = tmp_path / "bus" / "pci" / "devices" / "0000:16:00.1"
     link.symlink_to(os.path.relpath(real, link.parent))
-    assert pcie_root(tmp_path, "0000:16:00.1") is None
+    assert device_path(tmp_path, "0000:16:00.1") is None
 
 
-def test_pcie_root_missing_link_or_bad_bdf(tmp_path: Path) -> None:
-    assert pcie_root(tmp_path, BDF) is None
+def test_topology_of_missing_link_or_bad_bdf(tmp_path: Path) -> None:
+    assert device_path(tmp_path, BDF) is None
     add_function(tmp_path)
-    assert pcie_root(tmp_path, "0000:16:00.0 ") is None
-    assert pcie_root(tmp_path, "0000:16:00.0/../x") is None
+    assert topology(tmp_path, "0000:16:00.0 ", list_form=False).attributes == {}
+    assert topology(tmp_path, "0000:16:00.0/../x", list_form=False).attributes == {}
 
 
 @pytest.mark.parametrize(
@@ -163,16 +164,18 @@ def test_numa_node_list_falls_back_to_own_node(tmp_path: Path) -> None:
 def test_topology_attributes_scalar_and_list(tmp_path: Path) -> None:
     add_function(tmp_path, numa="0")
     add_numa(tmp_path, [[10, 11], [11, 10]], [0, 0])
-    assert topology_attributes(tmp_path, BDF, list_form=False) == {
-        PCI_BUS_ID: BDF,
-        PCIE_ROOT: "pci0000:15",
-        NUMA_NODE: 0,
-    }
-    assert topology_attributes(tmp_path, BDF, list_form=True)[NUMA_NODE] == (0, 1)
+    scalar = topology(tmp_path, BDF, list_form=False)
+    assert scalar.attributes == {PCI_BUS_ID: BDF, PCIE_ROOT: "pci0000:15", NUMA_NODE: 0}
+    assert scalar.pcie_path == ("pci0000:15", "0000:15:01.0")  # for pairing, whatever the form
+    listed = topology(tmp_path, BDF, list_form=True).attributes
+    assert listed[NUMA_NODE] == (0, 1)
+    assert listed[PCIE_PATH] == ("pci0000:15", "0000:15:01.0")
 
 
 def test_topology_attributes_leave_out_what_cannot_be_read(tmp_path: Path) -> None:
     add_function(tmp_path, numa="-1")
-    assert topology_attributes(tmp_path, BDF, list_form=True) == {PCI_BUS_ID: BDF, PCIE_ROOT: "pci0000:15"}
-    assert topology_attributes(tmp_path, "0000:99:00.0", list_form=False) == {PCI_BUS_ID: "0000:99:00.0"}
-    assert topology_attributes(tmp_path, "not-a-bdf", list_form=False) == {}
+    assert topology(tmp_path, BDF, list_form=False).attributes == {PCI_BUS_ID: BDF, PCIE_ROOT: "pci0000:15"}
+    missing = topology(tmp_path, "0000:99:00.0", list_form=False)
+    assert missing.attributes == {PCI_BUS_ID: "0000:99:00.0"}
+    assert missing.pcie_path == ()
+    assert topology(tmp_path, "not-a-bdf", list_form=False).attributes == {}

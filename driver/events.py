@@ -1,0 +1,250 @@
+"""Kubernetes Events (events.k8s.io/v1), where users look for them: `kubectl describe`.
+
+What is reported (docs/deployment.md, 'Events'):
+
+* on the **ResourceClaim**, `Warning PrepareFailed` (action `PrepareResources`) when preparing it
+  fails, with the error: `kubectl describe resourceclaim` shows why its pod hangs in
+  ContainerCreating (the kubelet puts its own event on the pod);
+* on the **Node**, `Warning DeviceUnhealthy` when a device turns unhealthy (with the reason),
+  `Normal DeviceHealthy` when it is healthy again, `Normal DeviceCordoned` / `DeviceUncordoned`
+  when an SRE cordons or uncordons it. The state at start-up is the baseline, not an event: the
+  device's taint already says it.
+
+As client-go's event recorder (k8s.io/client-go/tools/events) does: an event that repeats (same
+object, reason, action and note) while the last one is less than `SERIES_WINDOW` old becomes a
+series, its `series.count` and `lastObservedTime` patched onto the first object instead of a new
+one; each object has a token bucket (`BURST` events, one more every `REFILL` seconds: client-go's
+spam filter), and what it refuses is dropped and counted. Events go out from a thread of their own
+(`events`) through a bounded queue: `emit` never blocks and never raises, so an event is never a
+reason to fail or slow a prepare, and an API server that is down costs dropped events only.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from driver.kubeapi import KubeAPI
+from driver.model import Device, Health
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "events.k8s.io/v1"
+SERIES_WINDOW = 6 * 60.0  # client-go: a series ends after 6 minutes without a repeat
+BURST = 25  # client-go EventSourceObjectSpamFilter: burst 25, refill 1 per 5 minutes
+REFILL = 300.0
+QUEUE = 1000
+NOTE_LIMIT = 1024  # the API server's limit on `note`
+_NODE_NAMESPACE = "default"  # events about cluster-scoped objects live here (as the kubelet's)
+
+
+@dataclass(frozen=True)
+class Regarding:
+    """The object an event is about."""
+
+    api_version: str
+    kind: str
+    name: str
+    uid: str
+    namespace: str = ""
+
+    def to_api(self) -> dict[str, str]:
+        out = {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": self.uid}
+        if self.namespace:
+            out["namespace"] = self.namespace
+        return out
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    regarding: Regarding
+    type: str  # Normal | Warning
+    reason: str
+    action: str
+    note: str
+
+
+@dataclass
+class _Series:
+    namespace: str
+    name: str
+    count: int
+    last: float
+
+
+@dataclass
+class _Bucket:
+    tokens: float = BURST
+    at: float = field(default_factory=time.monotonic)
+
+    def take(self, now: float) -> bool:
+        self.tokens = min(BURST, self.tokens + (now - self.at) / REFILL)
+        self.at = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
+def micro_time(at: float) -> str:
+    """MicroTime, as the API wants `eventTime`: RFC 3339 with microseconds."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class EventRecorder:
+    """Sends events from its own thread; `claim_failed` and `inventory_changed` are the sources."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        driver_name: str,
+        node_name: str,
+        devices: Callable[[], list[Device]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._api = api
+        self._controller = driver_name
+        self._node = node_name
+        self._devices = devices
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[Occurrence, float]] = collections.deque()
+        self._inventory_changed = False
+        self._series: dict[Occurrence, _Series] = {}
+        self._buckets: dict[Regarding, _Bucket] = {}
+        self._node_uid = ""
+        self._health: dict[str, tuple[Health, bool]] | None = None  # device -> (health, cordoned)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self.dropped = 0
+
+    # -- sources (any thread; never block, never raise) ------------------------------------------
+
+    def claim_failed(self, namespace: str, name: str, uid: str, error: str) -> None:
+        regarding = Regarding("resource.k8s.io/v1", "ResourceClaim", name, uid, namespace)
+        self._put(Occurrence(regarding, "Warning", "PrepareFailed", "PrepareResources", error))
+
+    def inventory_changed(self) -> None:
+        """An inventory subscriber: only wakes the thread, which compares health itself."""
+        with self._cond:
+            self._inventory_changed = True
+            self._cond.notify()
+
+    def _put(self, occurrence: Occurrence) -> None:
+        with self._cond:
+            if len(self._queue) >= QUEUE:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append((occurrence, self._clock()))
+            self._cond.notify()
+
+    # -- the thread ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._health = self._snapshot()  # the baseline: what is already so is no event
+        self._thread = threading.Thread(target=self._run, name="events", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cond:
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with self._cond:
+                while not self._queue and not self._inventory_changed and not self._stop.is_set():
+                    self._cond.wait()
+                changed, self._inventory_changed = self._inventory_changed, False
+                batch = list(self._queue)
+                self._queue.clear()
+            if changed:
+                batch += [(o, self._clock()) for o in self._device_events()]
+            for occurrence, at in batch:
+                try:
+                    self._send(occurrence, at)
+                except Exception as e:  # an event is never worth more than a log line
+                    self._count_dropped()
+                    log.info("event %s on %s/%s not sent: %s", occurrence.reason, occurrence.regarding.kind,
+                             occurrence.regarding.name, e)  # fmt: skip
+
+    def _snapshot(self) -> dict[str, tuple[Health, bool]]:
+        cordoned = f"{self._controller}/cordoned"
+        return {d.name: (d.health, any(t.key == cordoned for t in d.taints)) for d in self._devices()}
+
+    def _device_events(self) -> list[Occurrence]:
+        """Health and cordon changes since the last look, as Node events."""
+        now = self._snapshot()
+        before, self._health = self._health or {}, now
+        devices = {d.name: d for d in self._devices()}
+        out = []
+        for name, (health, cordoned) in sorted(now.items()):
+            was_health, was_cordoned = before.get(name, (Health.HEALTHY, False))
+            message = devices[name].health_message if name in devices else ""
+            if health == Health.UNHEALTHY and was_health != Health.UNHEALTHY:
+                out.append(self._node_event("Warning", "DeviceUnhealthy", "HealthCheck", f"{name}: {message}"))
+            elif health == Health.HEALTHY and was_health == Health.UNHEALTHY:
+                out.append(self._node_event("Normal", "DeviceHealthy", "HealthCheck", f"{name} is healthy again"))
+            if cordoned != was_cordoned:
+                reason, what = ("DeviceCordoned", "cordoned") if cordoned else ("DeviceUncordoned", "uncordoned")
+                out.append(self._node_event("Normal", reason, "Cordon", f"{name} {what} (tandemctl)"))
+        return out
+
+    def _node_event(self, type_: str, reason: str, action: str, note: str) -> Occurrence:
+        return Occurrence(Regarding("v1", "Node", self._node, self._node_uid), type_, reason, action, note)
+
+    def _send(self, occurrence: Occurrence, at: float) -> None:
+        regarding = occurrence.regarding
+        if regarding.kind == "Node" and not regarding.uid:
+            if not self._node_uid:
+                self._node_uid = self._api.get_node(self._node).uid
+            regarding = Regarding(regarding.api_version, regarding.kind, regarding.name, self._node_uid)
+            occurrence = Occurrence(regarding, occurrence.type, occurrence.reason, occurrence.action, occurrence.note)
+        for key in [k for k, s in self._series.items() if at - s.last > SERIES_WINDOW]:
+            del self._series[key]
+        if not self._buckets.setdefault(regarding, _Bucket()).take(time.monotonic()):
+            self._count_dropped()
+            return
+        series = self._series.get(occurrence)
+        if series is not None:
+            series.count += 1
+            series.last = at
+            patch = {"series": {"count": series.count, "lastObservedTime": micro_time(at)}}
+            self._api.patch_event(series.namespace, series.name, patch)
+        else:
+            body = self._body(occurrence, at)
+            self._api.create_event(body["metadata"]["namespace"], body)
+            self._series[occurrence] = _Series(body["metadata"]["namespace"], body["metadata"]["name"], 1, at)
+        with self._cond:
+            self.sent += 1
+
+    def _count_dropped(self) -> None:
+        with self._cond:
+            self.dropped += 1
+
+    def _body(self, o: Occurrence, at: float) -> dict[str, Any]:
+        namespace = o.regarding.namespace or _NODE_NAMESPACE
+        note = o.note if len(o.note) <= NOTE_LIMIT else o.note[: NOTE_LIMIT - 3] + "..."
+        return {
+            "apiVersion": API_VERSION,
+            "kind": "Event",
+            # client-go's naming: the object's name and the time in nanoseconds, in hex.
+            "metadata": {"name": f"{o.regarding.name[:230]}.{int(at * 1e9):x}", "namespace": namespace},
+            "eventTime": micro_time(at),
+            "reportingController": self._controller,
+            "reportingInstance": f"{self._controller}-{self._node}"[:128],
+            "action": o.action,
+            "reason": o.reason,
+            "regarding": o.regarding.to_api(),
+            "note": note,
+            "type": o.type,
+        }
