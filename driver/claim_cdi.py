@@ -21,9 +21,10 @@ What goes where:
   share IDs); and the claim-wide NCCL/UCX environment. A container that references only the NIC
   request of a GPU+NIC claim therefore also sees the control nodes and driver files, but no
   `/dev/nvidia<N>`, and so no GPU.
-* Host paths (`hostPath` of nodes, driver file mounts) are the daemon's view of `dev_root` and
-  the driver root; the runtime resolves them on the host, so the DaemonSet mounts both at their
-  host paths. `hostPath` is written only when it differs from the container path.
+* Host paths are what the runtime resolves on the host: device nodes are the daemon's view of
+  `dev_root` (the DaemonSet mounts the host's `/dev` at `/dev`); driver files were re-rooted from
+  the daemon's driver root to the host's at discovery (`--nvidia-driver-root-host`,
+  `driver.discovery.nvidia_files`). `hostPath` is written only when it differs from the container path.
 * **Device edits**: the device's own nodes, `netDevices` for an exclusive NIC (with a hook that
   applies its NicConfig addresses, routes and MTU in the pod: `driver.nic_setup`), and
   `TANDEM_DEVICE_<NAME>=<GPU UUID | RDMA device>`, which tells a container which of the claim's

@@ -210,8 +210,9 @@ def find_driver_files(driver_root: Path, host_root: Path | None = None, machine:
     """Scan `driver_root` (the host's `/` or a driver container's root) for the driver's files.
 
     `host_root` is where the container runtime finds that same root on the host, when the daemon
-    sees it elsewhere (the DaemonSet mounts the host's `/` at `/driver-root`): CDI host paths are
-    resolved by the runtime on the host, so they are re-rooted there.
+    sees it elsewhere (the DaemonSet mounts the host directories that hold the driver below
+    `/driver-root`, never the host's whole root): CDI host paths are resolved by the runtime on the
+    host, so they are re-rooted there.
     Unreadable or escaping entries are logged and skipped; a root without a driver yields an
     empty `DriverFiles`, and the claim specs then carry only device nodes. `machine` (default: this
     one's) picks the multiarch directory of `LOADER_DIRS`.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -161,6 +162,15 @@ def test_other_commands_check_their_environment_too(command, monkeypatch, capsys
         driver_main([command])
     assert exit_.value.code == 2
     assert "VERBOSITY='loud'" in capsys.readouterr().err
+
+
+def test_demo_without_the_simulation_says_so_in_one_line(monkeypatch, capsys):
+    """The image leaves demo/ and sim/ out: `tandem-driver demo` there is one clear line, no traceback."""
+    _clean_environment(monkeypatch)
+    monkeypatch.setitem(sys.modules, "demo.story", None)  # import of it raises ModuleNotFoundError
+    assert driver_main(["demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs from a checkout" in err[0]
 
 
 def test_command_line_values_get_the_same_checks(monkeypatch):
