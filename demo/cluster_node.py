@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from demo.node import DRIVER, SimNode
+from sim.driver_files import render_driver_files
 from sim.nvml import env_for
 from sim.profile import NodeProfile, h100_node
 
@@ -77,6 +78,7 @@ class ClusterNode:
                     path.unlink(missing_ok=True)
             mark.unlink()
         if mark.exists():
+            render_driver_files(self.root / "nvidia")  # idempotent: a newer simulated driver arrives
             node = SimNode(
                 self.root, profile, self.root / "sys", self.root / "dev", KUBELET_REGISTRY, KUBELET_PLUGINS,
                 CDI_ROOT, self.root / "nvidia", env_for(self.nvml_state),

@@ -52,6 +52,13 @@ class DeviceRecord:
     # Dynamic MIG: the GPU instance this device is made as. Recorded before it is made and removed
     # only after it is destroyed, so a crash at any step leaves a record of what may exist.
     mig: MigPlacement | None = None
+    # Consumable capacity: what this share consumed (the allocation's consumedCapacity), and how
+    # the GPU is shared ("MPS": its control daemon runs while a record says so, `driver.mps`).
+    consumed: dict[str, str] = field(default_factory=dict, hash=False)
+    sharing: str = ""
+    # TimeSlicing: the GPU's time-slice interval this claim set (`driver.time_slicing`), recorded
+    # before it is applied.
+    time_slice: str = ""
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DeviceRecord:
@@ -69,6 +76,9 @@ class DeviceRecord:
             mig=MigPlacement(str(mig["parentUUID"]), int(mig["profileID"]), int(mig["start"]), int(mig["size"]))
             if isinstance(mig, dict)
             else None,
+            consumed={str(k): str(v) for k, v in (raw.get("consumedCapacity") or {}).items()},
+            sharing=str(raw.get("sharing", "")),
+            time_slice=str(raw.get("timeSliceInterval", "")),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -91,6 +101,12 @@ class DeviceRecord:
                 "start": m.start,
                 "size": m.size,
             }
+        if self.consumed:
+            out["consumedCapacity"] = dict(self.consumed)
+        if self.sharing:
+            out["sharing"] = self.sharing
+        if self.time_slice:
+            out["timeSliceInterval"] = self.time_slice
         return out
 
 

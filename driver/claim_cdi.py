@@ -74,7 +74,7 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import cdi
@@ -111,6 +111,11 @@ class PlannedDevice:
     request_names: tuple[str, ...]
     config: RequestConfig
     share_id: str | None = None
+    # Consumable capacity: what this share consumed, and the environment and mounts its sharing
+    # strategy adds to the device (MPS limits and pipe directory, `driver.gpu_sharing`).
+    consumed: dict[str, str] = field(default_factory=dict)
+    share_env: tuple[tuple[str, str], ...] = ()
+    share_mounts: tuple[cdi.Mount, ...] = ()
 
 
 def claim_vendor(driver_name: str) -> str:
@@ -389,8 +394,12 @@ def claim_spec(
         name = cdi_device_name(claim_uid, p.device.name, p.share_id)
         own = [rel for rel in node_paths[i] if uses[rel] == 1]
         edits = cdi.ContainerEdits(
-            env=(env.entry(_device_env_key(p), _device_env_value(p.device), name),),
+            env=(
+                env.entry(_device_env_key(p), _device_env_value(p.device), name),
+                *(env.entry(key, value, name) for key, value in p.share_env),
+            ),
             device_nodes=tuple(node_list(own)),
+            mounts=p.share_mounts,
             net_devices=(net_devices[i],) if i in net_devices else (),
             hooks=(setup_hook(p.config.nic),) if i in net_devices and needs_setup(p.config.nic) else (),
         )

@@ -102,6 +102,7 @@ def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, po
             device=r["device"],
             share_id=r.get("shareID"),
             admin_access=admin,
+            consumed={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
         )
     return list(by_device.values())
 

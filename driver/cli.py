@@ -20,7 +20,7 @@ from driver.config import (
     DEFAULT_NIC_SHARES,
     Config,
     ConfigError,
-    DynamicMig,
+    GpuSelection,
     NicExclusions,
     parse_device_kinds,
     parse_xids,
@@ -259,6 +259,15 @@ def _add_run_flags(p: _Parser) -> None:
     )
     _flag(
         p,
+        "--gpu-sharing",
+        env="GPU_SHARING",
+        default="",
+        metavar="GPUS",
+        help="full GPUs many claims may share (memory and computePercent consumable capacity; MPS limits): "
+        "all, or comma-separated minor numbers and GPU UUIDs",
+    )
+    _flag(
+        p,
         "--nic-shares",
         env="NIC_SHARES",
         default=str(DEFAULT_NIC_SHARES),
@@ -302,7 +311,8 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         nic_link_source=ns.nic_link_source,
         netns=ns.netns,
         exclude_nics=NicExclusions.parse(ns.exclude_nics),
-        dynamic_mig=DynamicMig.parse(ns.dynamic_mig),
+        dynamic_mig=GpuSelection.parse(ns.dynamic_mig, "--dynamic-mig"),
+        gpu_sharing=GpuSelection.parse(ns.gpu_sharing, "--gpu-sharing"),
         ignored_xids=parse_xids(ns.ignored_xids),
         taint_effects=tuple(ns.taint_effect),
         health_quiet_period=ns.health_quiet_period,

@@ -81,23 +81,25 @@ NO_EXCLUSIONS = NicExclusions()
 
 
 @dataclass(frozen=True)
-class DynamicMig:
-    """`--dynamic-mig`: the GPUs whose MIG devices Tandem makes on demand (`all`, or minor numbers
-    and GPU UUIDs). A flag, not a DeviceClass: it decides what the node publishes (partitions and
-    counters instead of the MIG devices an administrator made), before any claim exists. Only GPUs
-    the administrator put in MIG mode are affected; Tandem never switches a GPU's MIG mode."""
+class GpuSelection:
+    """Some of the node's GPUs (`all`, or minor numbers and GPU UUIDs), for a flag that changes
+    what they publish, so a flag and not a DeviceClass: it acts before any claim exists.
+    `--dynamic-mig`: GPUs whose MIG devices Tandem makes on demand (partitions and counters instead
+    of the MIG devices an administrator made; only GPUs the administrator put in MIG mode, whose
+    mode Tandem never switches). `--gpu-sharing`: full GPUs many claims may share (consumable
+    capacity, `driver.discovery.shared_gpu`)."""
 
     everything: bool = False
     gpus: frozenset[str] = frozenset()
 
     @classmethod
-    def parse(cls, text: str) -> DynamicMig:
+    def parse(cls, text: str, flag: str) -> GpuSelection:
         parts = [p.strip() for p in text.split(",") if p.strip()]
         if parts == ["all"]:
             return cls(everything=True)
         for part in parts:
             if not (part.isdigit() or re.fullmatch(r"GPU-[0-9A-Fa-f-]{1,60}", part)):
-                raise ConfigError(f"--dynamic-mig: {part!r} is not 'all', a GPU minor number or a GPU UUID")
+                raise ConfigError(f"{flag}: {part!r} is not 'all', a GPU minor number or a GPU UUID")
         return cls(gpus=frozenset(parts))
 
     def selects(self, minor: int, uuid: str) -> bool:
@@ -129,7 +131,8 @@ class Config:
     # Network namespace whose NICs to serve (a name under /var/run/netns); empty = the daemon's own.
     netns: str = ""
     exclude_nics: NicExclusions = NO_EXCLUSIONS
-    dynamic_mig: DynamicMig = DynamicMig()
+    dynamic_mig: GpuSelection = GpuSelection()
+    gpu_sharing: GpuSelection = GpuSelection()
     # Health policy: XIDs that are the application's fault, per-key taint effects (KEY=EFFECT),
     # how long a transient GPU condition must stay quiet before its taint clears, link debounce.
     ignored_xids: frozenset[int] = frozenset()

@@ -25,6 +25,12 @@ from typing import Any
 
 API_VERSION = "tandem.dev/v1alpha1"
 NIC_MODES = ("shared", "exclusive")
+# How the processes of a claim's pods share a GPU (`driver.gpu_sharing`); "" = not at all.
+SHARING_MPS = "MPS"
+SHARING_TIME_SLICING = "TimeSlicing"
+GPU_SHARING = (SHARING_MPS, SHARING_TIME_SLICING)
+# TimeSlicing's interval, NVIDIA's names for `nvidia-smi compute-policy --set-timeslice` 0..3.
+TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 # Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..".
 _IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$")
 
@@ -37,6 +43,10 @@ class ConfigDecodeError(ValueError):
 class GpuConfig:
     # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claims prepared with it hold NICs.
     pair_nics: bool = True
+    # MPS or TimeSlicing (GPU_SHARING); "" = the claim must hold the whole GPU (driver.gpu_sharing).
+    sharing: str = ""
+    # TimeSlicing only: the GPU's time slice (TIME_SLICE_INTERVALS); "" = Default.
+    time_slice_interval: str = ""
 
 
 @dataclass(frozen=True)
@@ -63,7 +73,11 @@ class NicConfig:
 
 
 _FIELDS: dict[str, dict[str, tuple[str, type]]] = {
-    "GpuConfig": {"pairNics": ("pair_nics", bool)},
+    "GpuConfig": {
+        "pairNics": ("pair_nics", bool),
+        "sharing": ("sharing", str),
+        "timeSliceInterval": ("time_slice_interval", str),
+    },
     "NicConfig": {
         "mode": ("mode", str),
         "interfaceName": ("interface_name", str),
@@ -125,6 +139,15 @@ def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
                 f"{where}: {kind}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
             )
         out[attr] = value
+    if kind == "GpuConfig" and "sharing" in out and out["sharing"] not in GPU_SHARING:
+        raise ConfigDecodeError(
+            f"{where}: GpuConfig.sharing must be one of {list(GPU_SHARING)}, got {out['sharing'][:40]!r}"
+        )
+    if kind == "GpuConfig" and "time_slice_interval" in out and out["time_slice_interval"] not in TIME_SLICE_INTERVALS:
+        raise ConfigDecodeError(
+            f"{where}: GpuConfig.timeSliceInterval must be one of {list(TIME_SLICE_INTERVALS)}, "
+            f"got {out['time_slice_interval'][:40]!r}"
+        )
     if kind == "NicConfig":
         if "mode" in out and out["mode"] not in NIC_MODES:
             raise ConfigDecodeError(f"{where}: NicConfig.mode must be one of {list(NIC_MODES)}, got {out['mode']!r}")

@@ -34,6 +34,7 @@ from driver.discovery.nvidia_files import find_driver_files
 from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
+from driver.gpu_sharing import GpuSharing, mps_gpus, time_slice_gpus
 from driver.health import effects_for, parse_taint_effects
 from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
@@ -56,12 +57,14 @@ from driver.metadata import MetadataWriter
 from driver.metrics import Metrics, MetricsServer
 from driver.mig_partitions import MigPartitions
 from driver.model import Device, DeviceKind, MigPlacement
+from driver.mps import MpsDaemons, MpsError
 from driver.nic_return import NicHomes
 from driver.prepare import Preparer
 from driver.reconcile import Reconciler
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
+from driver.time_slicing import TimeSliceError, TimeSlices
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +120,24 @@ class Daemon:
         self.inventory.subscribe(self.events.inventory_changed)
         # Exclusive NICs come back from pods under their pod-side name: give them back their own.
         self.nic_homes = NicHomes(self.data_dir, config.netns or None) if config.nic_link_source == "netlink" else None
+        # Shared GPUs: one MPS control daemon per GPU that MPS claims use, as the records say.
+        self.mps = MpsDaemons(
+            self.data_dir / "mps",
+            config.nvidia_driver_root,
+            needed=lambda: mps_gpus(
+                (d for c in self.checkpoint.read().values() for d in c.devices), self.inventory.get
+            ),
+        )
+        # Time-sliced GPUs: the interval the records ask for, the default back where none does.
+        self.time_slices = TimeSlices(
+            self.data_dir,
+            config.nvidia_driver_root,
+            needed=lambda: time_slice_gpus(
+                (d for c in self.checkpoint.read().values() for d in c.devices), self.inventory.get
+            ),
+        )
         self.preparer = Preparer(
+            sharing=GpuSharing(self.mps, self.time_slices),
             report_failure=lambda ref, error: self.events.claim_failed(ref.namespace, ref.name, ref.uid, error),
             nic_homes=self.nic_homes,
             api=self.api,
@@ -190,6 +210,7 @@ class Daemon:
                 dynamic_mig=cfg.dynamic_mig.selects,
                 owned_placements=self._owned_placements,
                 mig_generation=self.partitions.generation,
+                gpu_sharing=cfg.gpu_sharing.selects,
             )
 
             last: list[Device] = []
@@ -358,6 +379,15 @@ class Daemon:
         self.publisher.start()
         self.events.start()
         self.reconciler.run()
+        try:  # daemons for the MPS claims that survived a restart; none left for claims that did not
+            self.mps.sync()
+        except MpsError as e:
+            log.warning("MPS: %s (the supervisor retries)", e)
+        try:  # the intervals of time-sliced claims again (a reset GPU forgets them), the default elsewhere
+            self.time_slices.sync(everything=True)
+        except TimeSliceError as e:
+            log.warning("time slices: %s (retried at the next prepare or unprepare)", e)
+        self.mps.start()
         self.network_refresh.start()
         self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
         services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)
@@ -396,6 +426,7 @@ class Daemon:
             self.dra_socket.unlink()
         self.network_refresh.stop()
         self.preparer.close()
+        self.mps.stop()  # the daemons stay, for the claims that use them
         if self._nic_watcher is not None:
             self._nic_watcher.stop()
         for monitor in self.monitors:

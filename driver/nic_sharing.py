@@ -18,7 +18,6 @@ namespace, out of the pod's reach, so the claim fails instead of pretending.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from driver.claim_cdi import PlannedDevice
 from driver.claims import ClaimError
@@ -29,15 +28,7 @@ from driver.resource_api import parse_quantity
 EXCLUSIVE = "exclusive"
 
 
-def _consumed(claim: dict[str, Any], driver: str, device: str, share_id: str | None) -> dict[str, Any]:
-    results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-    for r in results:
-        if r.get("driver") == driver and r.get("device") == device and r.get("shareID") == share_id:
-            return r.get("consumedCapacity") or {}
-    return {}
-
-
-def check_nic_modes(claim: dict[str, Any], planned: Sequence[PlannedDevice], driver: str) -> None:
+def check_nic_modes(planned: Sequence[PlannedDevice]) -> None:
     """ClaimError for an exclusive-mode NIC the claim shares with others, or whose RDMA device
     the pod could not use (module docstring)."""
     for p in planned:
@@ -46,7 +37,7 @@ def check_nic_modes(claim: dict[str, Any], planned: Sequence[PlannedDevice], dri
             continue
         total = d.capacity.get(SHARES)
         if p.share_id is not None and total is not None:
-            held = _consumed(claim, driver, d.name, p.share_id).get(SHARES)
+            held = p.consumed.get(SHARES)
             if held is None or parse_quantity(held) != parse_quantity(total):
                 raise ClaimError(
                     f"NIC {d.name!r}: NicConfig.mode exclusive moves its netdev into the pod, which needs the whole "

@@ -50,6 +50,7 @@ from driver.claims import (
 from driver.config_api import ConfigDecodeError, opaque_entries, resolve
 from driver.device_nodes import DeviceNodes
 from driver.discovery.nvidia_files import DriverFiles
+from driver.gpu_sharing import GpuSharing, check_time_slices, with_sharing
 from driver.logs import log_context
 from driver.metadata import MetadataDevice, MetadataError, assign_metadata_ids, attributes_json
 from driver.mig_partitions import MigError, MigPartitions, with_placements
@@ -96,8 +97,10 @@ class Preparer:
         partitions: MigPartitions | None = None,
         report_failure: Callable[[ClaimRef, str], None] = lambda _ref, _error: None,
         nic_homes: NicHomes | None = None,
+        sharing: GpuSharing | None = None,
     ) -> None:
         self._api = api
+        self._sharing = sharing or GpuSharing(None)  # shared GPUs: MPS limits and daemons, time slices
         self._report_failure = report_failure  # a Kubernetes Event on the claim (`driver.events`)
         self._nic_homes = nic_homes  # exclusive NICs' host identity, given back after the pod
         self._partitions = partitions or MigPartitions(Path("/"), settings.proc_root)
@@ -199,9 +202,9 @@ class Preparer:
                 config = resolve(entries, r.request_names[0])
             except ConfigDecodeError as e:
                 raise ClaimError(f"invalid opaque configuration: {e}") from e
-            planned.append(PlannedDevice(device, r.request_names, config, r.share_id))
-        check_nic_modes(claim, planned, self._s.driver_name)
-        return planned
+            planned.append(PlannedDevice(device, r.request_names, config, r.share_id, r.consumed))
+        check_nic_modes(planned)
+        return self._sharing.plan(planned)
 
     def _spec(
         self, ref: ClaimRef, planned: list[PlannedDevice], pod_devices: list[PlannedDevice]
@@ -231,7 +234,8 @@ class Preparer:
         return [dataclasses.replace(d, device=m) for d, m in zip(p.planned, devices, strict=True)]
 
     def _prepare_planned(self, p: _Planned, pod_devices: list[PlannedDevice]) -> PrepareResult:
-        ref, records = p.ref, with_placements(p.records, {d.device.name: d.device for d in p.planned})
+        ref = p.ref
+        records = with_sharing(with_placements(p.records, {d.device.name: d.device for d in p.planned}), p.planned)
         dynamic = any(r.mig for r in records)  # its spec needs the MIG devices, made after phase 1
         spec, ids = (None, {}) if dynamic else self._spec(ref, p.planned, pod_devices)
         # Phase 1: claim the devices in the checkpoint before touching anything else.
@@ -245,6 +249,7 @@ class Preparer:
                 if existing is not None:
                     log.info("completing a prepare that was interrupted", extra=p.ctx)
                 self._check_not_in_use(ref, records, claims)
+                check_time_slices(ref.uid, records, claims)  # the interval is the whole GPU's
                 claims[ref.uid] = ClaimRecord(
                     namespace=ref.namespace,
                     name=ref.name,
@@ -253,6 +258,7 @@ class Preparer:
                     devices=tuple(records),
                     owner=self._instance.instance_id,
                 )
+        self._sharing.realise(f"{ref.namespace}/{ref.name}", records)  # MPS daemons, time slices: after the record
         if dynamic:
             spec, ids = self._spec(ref, self._realised(p, retry), pod_devices)
         if completed is not None:
@@ -362,6 +368,8 @@ class Preparer:
                     self._partitions.destroy(placement)  # before the record goes: a crash here is retried
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
+                if any(d.sharing for d in record.devices):
+                    self._sharing.released()  # its GPU's MPS daemon, if no other claim needs it
                 log.info("unprepared", extra=ctx)
                 return ""
             except Exception as e:

@@ -9,6 +9,8 @@ Speed and memory are measured here, never asserted in timed tests. Sections:
   prepare    prepare/unprepare latency (1 GPU, 1 NIC, 4 GPU + 4 NIC; 1, 16, 64 concurrent) vs the gRPC floor
   mig        dynamic MIG: prepare/unprepare of a claim that carves a 1g partition vs a whole GPU, and the
              publication of 8 GPUs' partitions (devices, counter sets, slices, bytes, time, writes)
+  sharing    MPS-shared GPU: prepare of the first share (starts the GPU's MPS daemon) and of a second
+             (reuses it), their unprepares (the last stops it), vs a claim for a whole GPU
   health     NVML event -> condition, event -> taint in the API and -> health stream, flapping, idle CPU, RSS
              (idle, and across 1,000 prepare/unprepare cycles)
   cluster    pod create-to-Running with 1-GPU and GPU+NIC claims in the real cluster (hack/cluster.sh up),
@@ -16,8 +18,8 @@ Speed and memory are measured here, never asserted in timed tests. Sections:
   reference  Tandem side by side with Go drivers on the official kubeletplugin helper, minimal and doing
              Tandem's work, in one run: issue 13's table with ratios (Tandem alone without Go)
 
-`python hack/bench.py [--quick] [--only SECTION ...]` prints JSON. The NIC netns cases need root
-and report why they were skipped otherwise.
+`python hack/bench.py [--quick] [--only SECTION ...]` prints JSON (the reference section also prints
+its table on stderr). The NIC netns cases need root and report why they were skipped otherwise.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import bench_nic
 import bench_nic_health
 import bench_prepare
 import bench_reference
+import bench_sharing
 import bench_slices
 import bench_topology
 
@@ -99,6 +102,10 @@ def mig(quick: bool) -> dict[str, Any]:
     return bench_mig.bench_mig(quick)
 
 
+def sharing(quick: bool) -> dict[str, Any]:
+    return bench_sharing.bench_sharing(quick)
+
+
 def health(quick: bool) -> dict[str, Any]:
     return {
         "nvml_event_to_inventory": bench_health.bench_gpu_event_to_condition(),
@@ -115,7 +122,11 @@ def cluster(quick: bool) -> dict[str, Any]:
 
 
 def reference(quick: bool) -> dict[str, Any]:
-    return bench_reference.bench_reference(quick)
+    """The figures as JSON, and issue 13's table on stderr (stdout stays JSON); without Go the
+    table says why and shows Tandem's figures alone."""
+    result = bench_reference.bench_reference(quick)
+    print(result["table"], file=sys.stderr, flush=True)
+    return result
 
 
 SECTIONS = {
@@ -123,6 +134,7 @@ SECTIONS = {
     "slices": slices,
     "prepare": prepare,
     "mig": mig,
+    "sharing": sharing,
     "health": health,
     "cluster": cluster,
     "reference": reference,

@@ -57,7 +57,12 @@ def parse(text: str) -> tuple[Decimal, str]:
 
 def canonical(text: str) -> str:
     """The string a Kubernetes API server stores for the quantity `text`."""
-    value, fmt = parse(text)
+    return formatted(*parse(text))
+
+
+def formatted(value: Decimal, fmt: str) -> str:
+    """The canonical string of `value` in the format `fmt` ("BinarySI", "DecimalSI",
+    "DecimalExponent"), as apimachinery writes a Quantity made with that format (`NewQuantity`)."""
     if value == 0:
         return "0"
     if fmt == "BinarySI" and (abs(value) < 1024 or value != value.to_integral_value()):

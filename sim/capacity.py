@@ -9,11 +9,14 @@ consumes, of every capacity of the device, what the request asks rounded up by t
 request policy (a request above the policy's maximum does not fit), or the policy's default when
 it asks nothing, or the whole capacity when there is no policy; a request naming a capacity the
 device lacks does not fit. Every such allocation gets a share ID of its own (a lowercase UUID) and
-records what it consumed (`consumedCapacity`).
+records what it consumed (`consumedCapacity`) as the allocator writes it: an amount rounded up
+to a step in the step's format (`20Gi` for a `1Mi` step), anything else as the policy or the
+request wrote it (`_consumption`).
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from decimal import Decimal
@@ -91,9 +94,10 @@ def consumed_by_claims(srv: Any, driver: str) -> Consumed:
     return out
 
 
-def take(device: Mapping[str, Any], asked: Mapping[str, str], consumed: Consumed) -> dict[str, Decimal] | None:
-    """Allocate `device` once more for a request asking `asked`: what it consumes (added to
-    `consumed`), {} for a device allocated only once, None when it does not fit."""
+def take(device: Mapping[str, Any], asked: Mapping[str, str], consumed: Consumed) -> dict[str, str] | None:
+    """Allocate `device` once more for a request asking `asked`: what it consumes of each capacity,
+    as the allocator writes it into `consumedCapacity` (added to `consumed`), {} for a device
+    allocated only once, None when it does not fit."""
     if not device.get("allowMultipleAllocations"):
         return {}
     capacity = device.get("capacity") or {}
@@ -103,42 +107,52 @@ def take(device: Mapping[str, Any], asked: Mapping[str, str], consumed: Consumed
     for name, cap in capacity.items():
         total = apiquantity.parse(cap["value"])[0]
         policy = cap.get("requestPolicy") or {}
-        if name in asked:
-            amount = _rounded(apiquantity.parse(asked[name])[0], policy)
-        else:
-            amount = apiquantity.parse(policy["default"])[0] if policy.get("default") else total
+        text = _consumption(asked.get(name), cap["value"], policy)
+        amount = apiquantity.parse(text)[0] if text is not None else None
         if amount is None or consumed.get(device["name"], {}).get(name, Decimal(0)) + amount > total:
             return None
-        out[name] = amount
+        out[name] = text
     per = consumed.setdefault(device["name"], {})
-    for name, amount in out.items():
-        per[name] = per.get(name, Decimal(0)) + amount
+    for name, text in out.items():
+        per[name] = per.get(name, Decimal(0)) + apiquantity.parse(text)[0]
     return out
 
 
-def _rounded(asked: Decimal, policy: Mapping[str, Any]) -> Decimal | None:
-    """A request rounded up by a validRange or validValues policy; None above its maximum."""
-    values = [apiquantity.parse(v)[0] for v in policy.get("validValues") or []]
+def _consumption(asked: str | None, value: str, policy: Mapping[str, Any]) -> str | None:
+    """What one allocation consumes of a capacity, in the form the allocator writes it
+    (consumable_capacity.go, calculateConsumedCapacity): nothing asked, the policy's default (or
+    the whole value without one), as written; asked below a range's minimum, the minimum; rounded
+    up to a step, `min + n * step` in the step's format (`NewQuantity(..., step.Format)`: `20Gi`
+    for a `1Mi` step); the first valid value at least the request, as written. None where the
+    result breaks the policy (violatesPolicy: above the maximum, off the valid values)."""
+    if asked is None:
+        return apiquantity.canonical(policy.get("default") or value)
+    if not policy:
+        return apiquantity.canonical(asked)
+    want = apiquantity.parse(asked)[0]
+    values = policy.get("validValues") or []
     if values:
-        return next((v for v in values if asked <= v), None)
-    rng = policy.get("validRange")
-    if not rng:
-        return asked
+        return next((apiquantity.canonical(v) for v in values if want <= apiquantity.parse(v)[0]), None)
+    rng = policy.get("validRange") or {}
+    if not rng.get("min"):
+        return apiquantity.canonical(asked)
     low = apiquantity.parse(rng["min"])[0]
-    amount = max(asked, low)
-    if rng.get("step"):
-        step = apiquantity.parse(rng["step"])[0]
-        amount = low + step * -((low - amount) // step)
-    if rng.get("max") and amount > apiquantity.parse(rng["max"])[0]:
+    if want < low:
+        text = apiquantity.canonical(rng["min"])
+    elif not rng.get("step"):
+        text = apiquantity.canonical(asked)
+    else:  # the integer path (no DRAFractionalCapacityRange): Value() rounds each up to a whole number
+        step, fmt = apiquantity.parse(rng["step"])
+        whole_low, whole_step = math.ceil(low), math.ceil(step)
+        n = math.ceil((math.ceil(want) - whole_low) / whole_step)
+        text = apiquantity.formatted(Decimal(whole_low + whole_step * n), fmt)
+    if rng.get("max") and apiquantity.parse(text)[0] > apiquantity.parse(rng["max"])[0]:
         return None
-    return amount
+    return text
 
 
-def share_fields(device: Mapping[str, Any], amounts: Mapping[str, Decimal]) -> dict[str, Any]:
+def share_fields(device: Mapping[str, Any], amounts: Mapping[str, str]) -> dict[str, Any]:
     """What an allocation result of a multi-allocatable device carries besides the device."""
     if not device.get("allowMultipleAllocations"):
         return {}
-    return {
-        "shareID": str(uuid.uuid4()),
-        "consumedCapacity": {k: apiquantity.canonical(str(v)) for k, v in amounts.items()},
-    }
+    return {"shareID": str(uuid.uuid4()), "consumedCapacity": dict(amounts)}

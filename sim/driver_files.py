@@ -10,6 +10,9 @@ Under `root` (standing in for `--nvidia-driver-root`):
 * `usr/bin/nvidia-smi` and the other driver binaries: `#!/bin/sh` scripts (they must run inside a
   busybox container); `nvidia-smi` lists the `/dev/nvidia<N>` nodes the container can see, in the
   style of `nvidia-smi -L`, so a container test shows which GPUs were handed over;
+  `nvidia-cuda-mps-control` is the MPS stand-in `sim.mps_control` (Python: the node runs it, as
+  Tandem starts MPS control daemons there, not a container), and `nvidia-smi compute-policy` runs
+  the stand-in `sim.nvidia_smi` (rendered as `usr/share/tandem-sim/nvidia-smi-compute-policy`);
 * `lib/firmware/nvidia/<version>/gsp_*.bin`.
 
 Rendering is idempotent.
@@ -37,7 +40,11 @@ _LIBRARIES = {
 }
 
 _NVIDIA_SMI = """#!/bin/sh
-# Simulated nvidia-smi (Tandem): lists the GPU device nodes this container was given.
+# Simulated nvidia-smi (Tandem): lists the GPU device nodes this container was given;
+# `compute-policy` (the node's, never a container's) is the Python stand-in `sim.nvidia_smi`.
+if [ "$1" = compute-policy ]; then
+    exec python3 "$(dirname "$0")/../{compute_policy}" "$@"
+fi
 echo "NVIDIA-SMI simulated, driver version {version}"
 i=0
 for dev in /dev/nvidia[0-9]*; do
@@ -52,7 +59,9 @@ _OTHER_BINARY = """#!/bin/sh
 echo "{name} simulated, driver version {version}"
 """
 
-_OTHER_BINARIES = ("nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server")
+_OTHER_BINARIES = ("nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-server")
+MPS_CONTROL = "nvidia-cuda-mps-control"
+COMPUTE_POLICY = "share/tandem-sim/nvidia-smi-compute-policy"  # below usr/
 
 
 def _file(path: Path, text: str, mode: int = 0o644) -> None:
@@ -109,9 +118,11 @@ def render_driver_files(root: Path, version: str = "580.95.05", lib_dir: str = L
             _link(libs / soname, real)
     _link(libs / "libcuda.so", "libcuda.so.1")
     bins = root / BIN_DIR
-    _file(bins / "nvidia-smi", _NVIDIA_SMI.format(version=version), 0o755)
+    _file(bins / "nvidia-smi", _NVIDIA_SMI.format(version=version, compute_policy=COMPUTE_POLICY), 0o755)
+    _file(root / "usr" / COMPUTE_POLICY, (Path(__file__).parent / "nvidia_smi.py").read_text(), 0o755)
     for name in _OTHER_BINARIES:
         _file(bins / name, _OTHER_BINARY.format(name=name, version=version), 0o755)
+    _file(bins / MPS_CONTROL, (Path(__file__).parent / "mps_control.py").read_text(), 0o755)
     firmware = root / FIRMWARE_DIR / version
     for blob in ("gsp_ga10x.bin", "gsp_tu10x.bin"):
         _file(firmware / blob, "simulated GSP firmware\n")

@@ -166,6 +166,9 @@ class GpuSpec:
     recovery_action: int | None = 0
     # PCIe bridges between the root complex and the GPU, root port first (`sim.pcie`).
     pcie_bridges: list[str] = field(default_factory=list)
+    # The compute policy's time slice, 0..3 (Default..Long): `nvidia-smi compute-policy
+    # --set-timeslice` sets it (`sim.nvidia_smi`); NVML has no public getter for it.
+    time_slice: int = 0
 
 
 @dataclass

@@ -121,12 +121,15 @@ def allocate(
             free = [d for d in free if d.get("allowMultipleAllocations") or all(d is not f for f, _ in fits)]
         else:
             claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
+            # The claim's own opaque config goes with the allocation, as the allocator copies it.
+            config = [{"source": "FromClaim", **c} for c in (claim.get("spec") or {}).get("devices", {}).get("config") or []]
             claim.setdefault("status", {})["allocation"] = {
                 "devices": {
                     "results": [
                         {"request": r.name, "driver": driver, "pool": d["pool"], "device": d["name"], **share}
                         for r, d, share in picked
-                    ]
+                    ],
+                    **({"config": config} if config else {}),
                 },
                 "nodeSelector": {
                     "nodeSelectorTerms": [

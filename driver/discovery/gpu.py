@@ -43,6 +43,7 @@ from driver.discovery.nvml import (
     shutdown_nvml,
     text,
 )
+from driver.discovery.shared_gpu import shareable
 from driver.discovery.topology import Topology, pci_bus_id, topology
 from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, Version
 from driver.resource_api import MAX_VALUE_LENGTH
@@ -69,6 +70,7 @@ class GpuDiscovery:
         dynamic_mig: Callable[[int, str], bool] = lambda minor, uuid: False,
         owned_placements: Callable[[], Collection[MigPlacement]] = frozenset,
         mig_generation: Callable[[], int] = lambda: 0,
+        gpu_sharing: Callable[[int, str], bool] = lambda minor, uuid: False,
     ) -> None:
         self.sysfs_root = sysfs_root
         self.list_attributes = list_attributes
@@ -80,6 +82,7 @@ class GpuDiscovery:
         self.dynamic_mig = dynamic_mig
         self.owned_placements = owned_placements
         self.mig_generation = mig_generation
+        self.gpu_sharing = gpu_sharing  # full GPUs published for sharing (`driver.discovery.shared_gpu`)
         # Last devices published per GPU (PCI address): a GPU that stops answering NVML but is
         # still on the PCI bus (fallen off after XID 79, wedged) stays published, so the health
         # monitor's gpu-lost taint stays on it and evicts its pods instead of vanishing with it.
@@ -222,7 +225,10 @@ class _Session:
             gpu=GpuInfo(minor=minor, uuid=uuid, pci_bus_id=bdf),
             pcie_path=topo.pcie_path,
         )
-        return self._dynamic(where, handle, whole, common) if dynamic else [whole]
+        if dynamic:
+            return self._dynamic(where, handle, whole, common)
+        # Sharing (MIG mode returned above: a MIG-mode GPU's MIG devices are its partitions).
+        return [shareable(whole) if self.config.gpu_sharing(minor, uuid) else whole]
 
     def _dynamic(self, where: str, handle: Any, whole: Device, common: dict[str, AttrValue]) -> list[Device]:
         """A dynamic-MIG GPU (`driver.discovery.dynamic_mig`); its MIG devices alone when NVML cannot

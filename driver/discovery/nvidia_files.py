@@ -161,6 +161,20 @@ def resolve_in_root(root: Path, relative: PurePosixPath) -> Path:
     return root.joinpath(*resolved)
 
 
+def driver_program(driver_root: Path, name: str) -> Path | None:
+    """The driver root's executable `name` in `BINARY_DIRS`, its links resolved inside the root,
+    for what the node itself runs from the driver (MPS control daemons, `nvidia-smi`); None when
+    there is none."""
+    for d in BINARY_DIRS:
+        try:
+            path = resolve_in_root(driver_root, PurePosixPath(d, name))
+        except OutsideRoot:
+            continue
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def _is_library_name(name: str) -> bool:
     """`libcuda.so`, `libcuda.so.1` and `libcuda.so.580.95.05` are all names of one library."""
     return any(name == lib or name.startswith(lib + ".") for lib in LIBRARIES)

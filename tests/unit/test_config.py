@@ -77,6 +77,7 @@ def test_invalid_values(argv, match, monkeypatch):
 # test below fails when a flag gains an environment variable this table does not cover.
 BAD_ENVIRONMENT = {
     "NODE_NAME": ("Bad_Name", "--node-name 'Bad_Name' is not a valid node name"),
+    "GPU_SHARING": ("gpu7", "--gpu-sharing: 'gpu7' is not 'all', a GPU minor number or a GPU UUID"),
     "DRIVER_NAME": ("nodomain", "--driver-name 'nodomain' must be"),
     "KUBECONFIG": ("/nonexistent/kubeconfig", "--kubeconfig '/nonexistent/kubeconfig' is not a file"),
     "KUBELET_REGISTRAR_DIRECTORY_PATH": ("registry", "--kubelet-registrar-dir 'registry' must be an absolute path"),

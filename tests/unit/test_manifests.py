@@ -631,6 +631,8 @@ def test_examples_cover_every_scenario() -> None:
         "device-taint-rule.yaml",
         "gpu-nic-switch.yaml",
         "shared-nic.yaml",
+        "shared-gpu.yaml",
+        "time-sliced-gpu.yaml",
     } <= set(EXAMPLES)
 
 
@@ -657,7 +659,7 @@ def test_example_pods_reference_claims_that_exist(name: str) -> None:
         spec = pod["spec"]
         pod_claims = {c["name"]: c for c in spec.get("resourceClaims", [])}
         for claim in pod_claims.values():
-            assert claim["resourceClaimTemplateName"] in templates
+            assert (claim.get("resourceClaimTemplateName") or claim.get("resourceClaimName")) in templates
         for container in spec["containers"]:
             for ref in container.get("resources", {}).get("claims", []):
                 assert ref["name"] in pod_claims, f"{pod['metadata']['name']}: {ref['name']}"

@@ -6,18 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prepare_fakes import DRIVER, NODE, FakeAPI, Host, make_preparer, nic_name, render_host
+from scheduler_fakes import allocate_one, published
 
 from driver.claims import ClaimRef
 from driver.discovery.nic_device import RDMA_NETNS_MODE, SHARES, shared_capacity
-from driver.slices.build import device_to_api
 from sim import apivalidate
-from sim.apiserver import SimApiServer
-from sim.scheduler import Request, allocate, attribute, claim_object
+from sim.scheduler import Request, attribute
 
 SHARED = 8
 
@@ -110,14 +110,8 @@ def test_exclusive_mode_is_refused_where_the_rdma_device_could_not_follow(tmp_pa
 
 
 @pytest.fixture
-def srv(host: Host) -> Any:
-    with SimApiServer() as server:
-        nics = [device_to_api(d, {}, "") for d in host.devices.values() if d.nic is not None]
-        server.create({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": "s"},
-            "spec": {"driver": DRIVER, "nodeName": NODE, "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                     "devices": nics},
-        })  # fmt: skip
+def srv(host: Host) -> Iterator[Any]:
+    with published(d for d in host.devices.values() if d.nic is not None) as server:
         yield server
 
 
@@ -130,30 +124,25 @@ def _nic0(shares: str = "") -> Request:
     )
 
 
-def _allocate(srv: Any, name: str, request: Request) -> dict[str, Any]:
-    claim = srv.create(claim_object("default", name, [request]))
-    return allocate(srv, claim, DRIVER, NODE, [request])["status"]["allocation"]["devices"]["results"][0]
-
-
 def test_eight_claims_share_a_nic_and_a_ninth_waits(srv: Any) -> None:
-    results = [_allocate(srv, f"c{i}", _nic0("1")) for i in range(SHARED)]
+    results = [allocate_one(srv, f"c{i}", _nic0("1")) for i in range(SHARED)]
     assert len({r["shareID"] for r in results}) == SHARED
     assert {r["consumedCapacity"][SHARES] for r in results} == {"1"}
     with pytest.raises(LookupError):
-        _allocate(srv, "ninth", _nic0("1"))
+        allocate_one(srv, "ninth", _nic0("1"))
 
 
 def test_a_claim_without_a_capacity_request_takes_the_whole_nic(srv: Any) -> None:
-    whole = _allocate(srv, "whole", _nic0())
+    whole = allocate_one(srv, "whole", _nic0())
     assert whole["consumedCapacity"] == {SHARES: str(SHARED)}
     with pytest.raises(LookupError):
-        _allocate(srv, "share", _nic0("1"))
+        allocate_one(srv, "share", _nic0("1"))
 
 
 def test_requests_round_up_to_whole_shares_and_above_all_of_them_never_fit(srv: Any) -> None:
-    assert _allocate(srv, "tiny", _nic0("100m"))["consumedCapacity"] == {SHARES: "1"}
+    assert allocate_one(srv, "tiny", _nic0("100m"))["consumedCapacity"] == {SHARES: "1"}
     with pytest.raises(LookupError):
-        _allocate(srv, "too-many", _nic0(str(SHARED + 1)))
+        allocate_one(srv, "too-many", _nic0(str(SHARED + 1)))
 
 
 @pytest.mark.parametrize(
