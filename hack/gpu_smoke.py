@@ -7,6 +7,7 @@ cluster is needed: it shows exactly what the daemon would publish for this node.
 from __future__ import annotations
 
 import argparse
+import json
 import socket
 import sys
 import time
@@ -14,11 +15,40 @@ from pathlib import Path
 
 import yaml
 
+from driver.discovery.dynamic_mig import DynamicMigReader
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nic_scan import NicDiscoveryError
-from driver.discovery.nvml import NvmlUnavailable
+from driver.discovery.nvml import DeviceSkipped, NvmlUnavailable
 from driver.slices.build import build_slices
+
+
+def print_mig_placements() -> None:
+    """Profiles and placements through the reader dynamic MIG publishes from, one GPU per line as a
+    YAML comment; NVML's error instead where it refuses (a GPU without MIG support, say)."""
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        reader = DynamicMigReader(pynvml)
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
+            name = pynvml.nvmlDeviceGetName(handle)
+            try:
+                mode = pynvml.nvmlDeviceGetMigMode(handle)
+            except pynvml.NVMLError as e:
+                mode = str(e)
+            try:
+                facts = [
+                    {"id": f.id, "name": f.name, "slices": f.slices, "memoryMiB": f.memory_mb, "sms": f.multiprocessors,
+                     "placements": [list(pl) for pl in f.placements]}
+                    for f in reader.profiles(f"GPU {i}", handle)
+                ]  # fmt: skip
+            except DeviceSkipped as e:
+                facts = [str(e)]
+            print(f"# MIG {i} {name} mode={mode}: {json.dumps(facts)}")
+    finally:
+        pynvml.nvmlShutdown()
 
 
 def main() -> int:
@@ -27,7 +57,15 @@ def main() -> int:
     p.add_argument("--node-name", default=socket.gethostname().split(".")[0].lower())
     p.add_argument("--sysfs-root", default="/sys")
     p.add_argument("--list-attributes", action="store_true")
+    p.add_argument(
+        "--mig-placements",
+        action="store_true",
+        help="also print every GPU's MIG profiles and possible placements as real NVML reports them "
+        "(read only; the simulated NVML's placement tables are checked against this)",
+    )
     args = p.parse_args()
+    if args.mig_placements:
+        print_mig_placements()
     devices = []
     t0 = time.perf_counter()
     try:
@@ -40,7 +78,9 @@ def main() -> int:
     except NicDiscoveryError as e:
         print(f"# NIC discovery failed: {e}", file=sys.stderr)
     t2 = time.perf_counter()
-    print(f"# {len(devices)} device(s); GPU discovery {1000 * (t1 - t0):.1f} ms, NIC discovery {1000 * (t2 - t1):.1f} ms")
+    print(
+        f"# {len(devices)} device(s); GPU discovery {1000 * (t1 - t0):.1f} ms, NIC discovery {1000 * (t2 - t1):.1f} ms"
+    )
     slices = build_slices(devices, args.driver_name, args.node_name, "00000000-0000-0000-0000-000000000000", 1)
     yaml.safe_dump_all(slices, sys.stdout, sort_keys=False)
     return 0 if devices else 1
