@@ -232,7 +232,6 @@ class Daemon:
             use_netlink = cfg.nic_link_source == "netlink"
             nics = NicDiscovery(
                 sysfs_root=cfg.sysfs_root,
-                dev_root=cfg.dev_root,
                 list_attributes=cfg.list_attributes,
                 netns=cfg.netns or None,
                 exclude=cfg.exclude_nics,

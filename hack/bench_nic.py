@@ -84,8 +84,8 @@ def bench_nic_discovery(rdma_nics: int = 8, other_netdevs: int = 1000, runs: int
         return {"skipped": reason}
     with netns() as ns, tempfile.TemporaryDirectory(prefix="bench-nic-") as tmp:
         _ip_batch(ns, [f"link add o{i} type veth peer name o{i}p" for i in range(other_netdevs // 2)])
-        sysfs, dev = _rdma_nics(ns, Path(tmp), rdma_nics)
-        disc = NicDiscovery(sysfs, dev, netns=ns)
+        sysfs, _dev = _rdma_nics(ns, Path(tmp), rdma_nics)
+        disc = NicDiscovery(sysfs, netns=ns)
         found = len(disc.discover())  # warm-up
         times = []
         for _ in range(runs):
@@ -148,7 +148,7 @@ def bench_veth_churn(pairs: int = 1000, seconds: float = 60.0, rdma_nics: int = 
                  "--sysfs-root", str(sysfs), "--dev-root", str(dev))  # fmt: skip
         with _daemon(NodeProfile(name="bench-churn"), *flags, expect=rdma_nics) as d:
             calls: list[float] = []
-            disc = NicDiscovery(sysfs, dev, netns=ns)
+            disc = NicDiscovery(sysfs, netns=ns)
             watcher = NicWatcher(lambda: calls.append(1), netns=ns, resync_period=3600, may_be_nic=disc.may_be_nic)
             watcher.start()
             try:

@@ -60,7 +60,7 @@ def bench_flap_condition_changes(flaps: int = 50, spread_s: float = 10.0, deboun
         )
         render_nic(spec, sysfs, dev)
         inventory = Inventory()
-        inventory.replace("nic", NicDiscovery(sysfs, dev, netns=ns).discover())
+        inventory.replace("nic", NicDiscovery(sysfs, netns=ns).discover())
         published: list[float] = []
         inventory.subscribe(lambda: published.append(time.monotonic()))
         monitor = NicHealthMonitor(inventory, sysfs_root=sysfs, netns=ns, debounce=debounce)

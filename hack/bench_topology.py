@@ -54,7 +54,7 @@ def bench_topology_discovery(gpus: int = 8, nics: int = 8, other_netdevs: int = 
         bdfs = [g.pci_bus_id for g in profile.gpus] + [n.pci_address for n in profile.nics]
         with sim_nvml.fake_pynvml_in_process(state):
             gpu = GpuDiscovery(root / "sys", proc_root=root / "proc")
-            nic = NicDiscovery(root / "sys", root / "dev", netns=ns, proc_root=root / "proc")
+            nic = NicDiscovery(root / "sys", netns=ns, proc_root=root / "proc")
             found = (len(gpu.discover()), len(nic.discover()))  # warm-up
             switches = {topology(root / "sys", b, False).attributes.get("pcieSwitch") for b in bdfs}
             gpu_times, nic_times, topo_times = [], [], []

@@ -74,7 +74,7 @@ def main() -> int:
         print(f"# NVML unavailable: {e}", file=sys.stderr)
     t1 = time.perf_counter()
     try:
-        devices += NicDiscovery(Path(args.sysfs_root), Path("/dev"), args.list_attributes).discover()
+        devices += NicDiscovery(Path(args.sysfs_root), args.list_attributes).discover()
     except NicDiscoveryError as e:
         print(f"# NIC discovery failed: {e}", file=sys.stderr)
     t2 = time.perf_counter()

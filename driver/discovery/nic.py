@@ -47,7 +47,6 @@ class NicDiscovery:
     def __init__(
         self,
         sysfs_root: Path,
-        dev_root: Path,
         list_attributes: bool = False,
         netns: str | None = None,
         skip_default_route: bool = True,

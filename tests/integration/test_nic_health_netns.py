@@ -39,7 +39,7 @@ class Node:
         veth(ns, "r0", "02:00:00:00:00:01")
         self.fx.map(nic_spec(1, "r0"))
         self.inventory = Inventory()
-        self.discovery = NicDiscovery(self.fx.sys, self.fx.dev, netns=ns)
+        self.discovery = NicDiscovery(self.fx.sys, netns=ns)
         self.rediscover()
         self.monitors: list[NicHealthMonitor] = []
 

@@ -48,7 +48,7 @@ class Fixture(SysfsFixture):
         self.ns = ns
 
     def discovery(self, **kw) -> NicDiscovery:
-        return NicDiscovery(self.sys, self.dev, netns=self.ns, **kw)
+        return NicDiscovery(self.sys, netns=self.ns, **kw)
 
     def discover(self, keep=(), **kw) -> dict[str, Device]:
         return {d.name: d for d in self.discovery(**kw).discover(keep)}

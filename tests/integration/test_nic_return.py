@@ -22,7 +22,7 @@ def setup(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, SysfsFix
     ip(ns, "addr", "add", "10.30.0.9/24", "dev", "ens9f0np0")
     ip(ns, "addr", "add", "fd30::9/64", "dev", "ens9f0np0", "nodad")
     fx.map(nic_spec(9, "ens9f0np0", mac="02:00:00:00:00:09"))
-    return ns, fx, NicDiscovery(fx.sys, fx.dev, netns=ns)
+    return ns, fx, NicDiscovery(fx.sys, netns=ns)
 
 
 def _gid_names(fx: SysfsFixture, name: str) -> None:

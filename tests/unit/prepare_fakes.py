@@ -56,7 +56,7 @@ def render_host(root: Path) -> Host:
     with sim_nvml.fake_pynvml_in_process(state):
         sim_nvml.write_state(profile, state)
         devices = GpuDiscovery(root / "sys", proc_root=root / "proc").discover()
-    devices += NicDiscovery(root / "sys", root / "dev", netlink=False).discover()
+    devices += NicDiscovery(root / "sys", netlink=False).discover()
     return Host(root / "dev", {d.name: d for d in devices}, find_driver_files(root / "driver"))
 
 

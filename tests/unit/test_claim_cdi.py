@@ -61,7 +61,7 @@ def _discover(root: Path, profile, with_nics: bool, lazy_nodes: bool = False) ->
         sim_nvml.write_state(profile, state)
         devices = GpuDiscovery(root / "sys", proc_root=root / "proc").discover()
     if with_nics:
-        devices += NicDiscovery(root / "sys", root / "dev", netlink=False).discover()
+        devices += NicDiscovery(root / "sys", netlink=False).discover()
     return Node(root / "dev", root / "proc", {d.name: d for d in devices}, find_driver_files(root / "driver"))
 
 
@@ -273,7 +273,7 @@ def test_rdma_node_missing_when_discovered_fails_the_claim_naming_it(tmp_path: P
     root = tmp_path / "n"
     render_node(h100_node("h", gpus=0, nics=1), root / "sys", root / "dev")
     (root / "dev/infiniband/uverbs0").unlink()
-    (nic,) = NicDiscovery(root / "sys", root / "dev", netlink=False).discover()
+    (nic,) = NicDiscovery(root / "sys", netlink=False).discover()
     assert nic.nic is not None and nic.nic.uverbs == "uverbs0"
     with pytest.raises(ClaimSpecError, match=rf"{root}/dev/infiniband/uverbs0 is missing: .*ib_uverbs"):
         claim_spec(DRIVER, UID, [plan(nic)], DeviceNodes(root / "dev", root / "proc"), DriverFiles())
@@ -375,7 +375,7 @@ def test_ucx_names_the_port_the_netdev_is_on(tmp_path: Path, h100: Node) -> None
     render_nic(spec2, tmp_path / "sys", tmp_path / "dev")
     fn = (tmp_path / "sys/bus/pci/devices/0000:5b:00.0").resolve()
     (fn / "infiniband/mlx5_5/ports/1/gid_attrs/ndevs/0").write_text("other\n")
-    (nic,) = NicDiscovery(tmp_path / "sys", tmp_path / "dev", netlink=False).discover()
+    (nic,) = NicDiscovery(tmp_path / "sys", netlink=False).discover()
     assert nic.nic is not None and nic.nic.port == 2
     env = all_env(claim_spec(DRIVER, UID, [plan(nic)], DeviceNodes(tmp_path / "dev", tmp_path), h100.files)[0])  # type: ignore[arg-type]
     assert env["UCX_NET_DEVICES"] == "mlx5_5:2"

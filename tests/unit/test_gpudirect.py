@@ -76,5 +76,5 @@ def test_attributes_prefer_dma_buf_and_need_an_able_nic_driver() -> None:
 
 def test_nics_publish_it(tmp_path: Path) -> None:
     _node(tmp_path, nvidia_open_modules=False, nvidia_peermem=True)
-    (nic,) = NicDiscovery(tmp_path / "sys", tmp_path / "dev", netlink=False, proc_root=tmp_path / "proc").discover()
+    (nic,) = NicDiscovery(tmp_path / "sys", netlink=False, proc_root=tmp_path / "proc").discover()
     assert (nic.attributes[GPUDIRECT], nic.attributes[GPUDIRECT_MODE]) == (True, MODE_PEERMEM)

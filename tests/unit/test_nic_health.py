@@ -156,7 +156,7 @@ class SimNic:
         self.profile = h100_node("node-h", gpus=0, nics=nics)
         render_node(self.profile, self.sys, self.dev)
         self.inventory = Inventory()
-        self.discovery = NicDiscovery(self.sys, self.dev, netlink=False)
+        self.discovery = NicDiscovery(self.sys, netlink=False)
         self.rediscover()
         self.clock = FakeClock()
 

@@ -58,7 +58,7 @@ class Node:
             render_nic(s, self.sys, self.dev)
 
     def discovery(self, **kw) -> NicDiscovery:
-        return NicDiscovery(self.sys, self.dev, netlink=False, **kw)
+        return NicDiscovery(self.sys, netlink=False, **kw)
 
     def by_name(self, **kw) -> dict[str, Device]:
         return {d.name: d for d in self.discovery(**kw).discover()}
@@ -76,7 +76,7 @@ def test_device_name_is_a_dns_label_from_the_pci_address() -> None:
 def test_simulated_node_nics_are_published_with_their_attributes(tmp_path: Path) -> None:
     profile = h100_node()
     render_node(profile, tmp_path / "sys", tmp_path / "dev")
-    devices = NicDiscovery(tmp_path / "sys", tmp_path / "dev", netlink=False).discover()
+    devices = NicDiscovery(tmp_path / "sys", netlink=False).discover()
 
     assert [d.name for d in devices] == sorted(device_name(n.pci_address) for n in profile.nics)
     by_pci = {d.nic.pci_address: d for d in devices if d.nic}
@@ -494,7 +494,7 @@ def test_netlink_uplinks_follow_routes_stacked_links_and_masters(monkeypatch) ->
 
 def test_unreadable_netlink_is_a_clear_error(node: Node) -> None:
     node.add(spec(1))
-    disc = NicDiscovery(node.sys, node.dev, netns=f"tandem-no-such-ns-{os.getpid()}")
+    disc = NicDiscovery(node.sys, netns=f"tandem-no-such-ns-{os.getpid()}")
     with pytest.raises(NicDiscoveryError, match="tandem-no-such-ns"):
         disc.discover()
     assert not Path(f"/var/run/netns/tandem-no-such-ns-{os.getpid()}").exists()  # never created
@@ -512,7 +512,7 @@ def test_link_facts_are_published_only_once_they_hold(tmp_path: Path) -> None:
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     render_nic(nic, sysfs, dev)
     now = [0.0]
-    disc = NicDiscovery(sysfs, dev, netlink=False, link_hold=2.0, clock=lambda: now[0])
+    disc = NicDiscovery(sysfs, netlink=False, link_hold=2.0, clock=lambda: now[0])
     operstate = sysfs / "class/net" / nic.ifname / "operstate"
 
     def state() -> object:
@@ -537,7 +537,7 @@ def test_flaps_between_two_looks_restart_the_hold(tmp_path: Path) -> None:
     render_nic(nic, sysfs, dev)
     now, events = [0.0], [0]
     disc = NicDiscovery(
-        sysfs, dev, netlink=False, link_hold=2.0, clock=lambda: now[0], link_events=lambda _name: events[0]
+        sysfs, netlink=False, link_hold=2.0, clock=lambda: now[0], link_events=lambda _name: events[0]
     )
     assert disc.discover()[0].attributes["state"] == "up"
     (sysfs / "class/net" / nic.ifname / "operstate").write_text("down\n")
