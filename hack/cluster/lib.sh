@@ -99,6 +99,8 @@ cluster_env() {
 }
 
 cluster_build() {
+  need_root
+  host_prereqs
   build_binaries
   build_images
 }
@@ -106,9 +108,9 @@ cluster_build() {
 cluster_up() {
   need_root
   local t0=$SECONDS
+  host_prereqs # first: building the images needs Debian's busybox-static on a fresh machine
   build_binaries
   build_images
-  host_prereqs
   host_mounts_shared
   host_network_up
   make_pki
