@@ -8,8 +8,8 @@ spec forbids the runtime to try. Left so, the NIC would be published as `net1` w
 and a claim sharing it next would get a RoCE port without routable GIDs.
 
 So Tandem remembers each exclusive NIC's host identity when it prepares the claim, before the
-runtime moves it (`remember`: name, MTU, global addresses, durable in
-`<data dir>/nic-homes.json`, written atomically, so a restart in between loses nothing), and
+runtime moves it (`remember`: name, MTU, global addresses, in `<data dir>/nic-homes.json`,
+written atomically, so a restart of the daemon in between loses nothing), and
 after every NIC discovery pass gives it back (`restore`) once no prepared claim holds the NIC any
 more and its netdev is visible on the host again; then forgets it. A failed restore is logged and
 tried again on the next pass. Only with netlink (`--nic-link-source netlink`): a simulated node
@@ -57,7 +57,9 @@ class NicHomes:
         return raw if isinstance(raw, dict) else {}
 
     def _write(self, homes: dict[str, dict[str, Any]]) -> None:
-        atomic_write(self._path, json.dumps(homes, indent=1, sort_keys=True).encode(), 0o600)
+        # Not fsynced: only a reboot loses what is not on disk, and after one no pod's namespace
+        # holds a NIC; the host names and addresses them again (`cdi.files`, atomic vs durable).
+        atomic_write(self._path, json.dumps(homes, indent=1, sort_keys=True).encode(), 0o600, durable=False)
 
     def remember(self, devices: Iterable[Device]) -> None:
         """Before the runtime moves them: the host identity of these exclusive NICs. A NIC already

@@ -129,6 +129,7 @@ class CordonStore:
                 name: {k: v for k, v in c.to_json().items() if k != "device"} for name, c in sorted(cordons.items())
             },
         }
+        # Durable (fsynced): a cordon must outlive a reboot, and a power loss is one.
         atomic_write(self.path, json.dumps(doc, indent=1).encode(), mode=0o600)
 
     def _apply(self, cordons: dict[str, Cordon]) -> None:

@@ -245,4 +245,5 @@ class GpuReleases:
 
     def _write(self, releases: dict[str, Release]) -> None:
         doc = {"version": FORMAT_VERSION, "releases": [r.to_json() for _, r in sorted(releases.items())]}
+        # Durable (fsynced): a released GPU must stay released across a reboot, a power loss included.
         atomic_write(self.path, json.dumps(doc, indent=1).encode(), mode=0o600)

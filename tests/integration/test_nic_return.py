@@ -5,6 +5,7 @@ pod-side name and without addresses; Tandem remembered what it was (driver/nic_r
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,16 @@ def test_a_nic_still_in_its_pod_is_remembered_across_restarts(setup, tmp_path: P
     ip(ns, "link", "del", "ens9f0np0")  # in the pod: not on the host
     assert not NicHomes(tmp_path / "data", ns).restore(disc.discover(keep=[before.nic.pci_address]), held=set())
     assert before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())
+
+
+def test_remembering_a_nic_fsyncs_nothing(setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Written atomically but not durably: a restart of the daemon keeps it (the page cache), and
+    after a reboot, the only thing a missed fsync loses it to, no pod holds the NIC any more."""
+    ns, _, disc = setup
+    (tmp_path / "data").mkdir()
+    (before,) = disc.discover()
+    synced: list[int] = []
+    monkeypatch.setattr(os, "fsync", synced.append)
+    NicHomes(tmp_path / "data", ns).remember([before])
+    assert synced == []
+    assert before.nic is not None and before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())
