@@ -16,6 +16,7 @@ decoder matches case-insensitively, which would hide a misspelt writer), and ``n
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -300,18 +301,24 @@ class Spec:
         """The IDs a runtime resolves against this spec, in device order."""
         return [f"{self.kind}={d.name}" for d in self.devices]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, *, edits: bool = True) -> dict[str, Any]:
+        """The spec as its JSON file holds it; without `edits`, all but the spec-level edits
+        (they come last), for callers that deal with those apart (they are shared by a driver's
+        specs, and the costliest part to encode or check)."""
         out: dict[str, Any] = {"cdiVersion": self.cdi_version, "kind": self.kind}
         _put(out, "annotations", dict(self.annotations))
         out["devices"] = [d.to_dict() for d in self.devices]
-        _put(out, "containerEdits", self.container_edits.to_dict())
+        if edits:
+            _put(out, "containerEdits", self.container_edits.to_dict())
         return out
 
     def to_json(self, *, compact: bool = False) -> str:
         """Indented by 2, or `compact` as the Go library's ``json.Marshal`` writes it (and several
         times faster: Python's JSON encoder runs in C only without indentation)."""
         if compact:
-            return json.dumps(self.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+            head = _compact_json(self.to_dict(edits=False))
+            edits = _compact_edits_json(self.container_edits)
+            return (f'{head[:-1]},"containerEdits":{edits}}}' if edits != "{}" else head) + "\n"
         return json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
 
     @classmethod
@@ -335,6 +342,25 @@ class Spec:
         except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
             raise SpecError("", f"not valid JSON: {e}") from None
         return cls.from_dict(raw)
+
+
+def _compact_json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=16)
+def _compact_edits_json_cached(edits: ContainerEdits) -> str:
+    return _compact_json(edits.to_dict())
+
+
+def _compact_edits_json(edits: ContainerEdits) -> str:
+    """Spec-level edits as compact JSON, remembered by value for the last few seen: a driver's
+    specs share them (control device nodes, dozens of driver-file mounts), and encoding them is
+    most of the cost of encoding a spec."""
+    try:
+        return _compact_edits_json_cached(edits)
+    except TypeError:  # a value of the wrong type can be unhashable: encode it uncached
+        return _compact_json(edits.to_dict())
 
 
 def _put(out: dict[str, Any], key: str, value: Any) -> None:

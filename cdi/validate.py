@@ -37,8 +37,7 @@ def validate(spec: Spec, *, strict: bool = True) -> None:
 
 def problems(spec: Spec, *, strict: bool = True) -> Iterator[SpecError]:
     """Every problem in load order; a bad type stops the walk because nothing after it can be trusted."""
-    raw = spec.to_dict()
-    raw.pop("containerEdits", None)  # its round trip is `_spec_edits`'
+    raw = spec.to_dict(edits=False)  # the spec-level edits' round trip is `_spec_edits`'
     try:
         Spec.from_dict(raw)
     except SpecError as e:

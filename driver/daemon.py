@@ -4,6 +4,11 @@ Start order follows the kubelet's expectations: the DRA socket is served before 
 registration socket appears, so the kubelet can connect as soon as it reads GetInfo. Shutdown
 runs the other way round and removes this instance's own sockets, so a rolling update's other
 instance keeps serving.
+
+One gRPC server serves both sockets: each server has its own polling thread, which wakes about
+ten times a second even when idle (half the daemon's idle CPU with two servers). The registration
+socket is bound under a hidden name (the kubelet's plugin watcher ignores names starting with
+`.`) and renamed into place once the server runs, so it still appears only when DRA is served.
 """
 
 from __future__ import annotations
@@ -87,6 +92,13 @@ def _serve_unix(server: grpc.Server, path: Path) -> None:
     _remove_stale_socket(path)
     if server.add_insecure_port(grpc_unix_address(path)) == 0:
         raise RuntimeError(f"cannot listen on {path}")
+
+
+def _hidden(path: Path) -> Path:
+    """Where a socket is bound before it is renamed to `path`: a name the kubelet's plugin
+    watcher ignores (a leading `.`), no longer than `path`'s (so it fits wherever `path` does),
+    in the same directory (a rename across mounts fails)."""
+    return path.with_name("." + path.name[1:])
 
 
 class Daemon:
@@ -194,8 +206,7 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._nic_watcher: NicWatcher | None = None
         self.sources: list[RefreshLoop] = self._build_sources()
-        self._dra_server: grpc.Server | None = None
-        self._reg_server: grpc.Server | None = None
+        self._server: grpc.Server | None = None
         self.registration: RegistrationServicer | None = None
 
     def _build_sources(self) -> list[RefreshLoop]:
@@ -257,11 +268,12 @@ class Daemon:
             )
             sources.append(loop)
             # Link and address events that may concern a NIC rediscover within a second,
-            # coalesced; the loop's period catches anything netlink did not say.
+            # coalesced; the loop's period catches anything netlink did not say (so the watcher
+            # keeps no timer of its own: it would only add a rediscovery per period).
             self._nic_watcher = NicWatcher(
                 loop.trigger,
                 netns=cfg.netns or None,
-                resync_period=cfg.rediscover_period,
+                resync_period=None,
                 netlink=use_netlink,
                 may_be_nic=nics.may_be_nic,
                 is_nic=nics.is_nic,
@@ -388,18 +400,18 @@ class Daemon:
             log.warning("time slices: %s (retried at the next prepare or unprepare)", e)
         self.mps.start()
         self.network_refresh.start()
-        self._dra_server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="dra-grpc"))
-        services = add_dra_services(self._dra_server, self.preparer, self.metrics.observe)
-        services += add_health_services(self._dra_server, self.health)
-        _serve_unix(self._dra_server, self.dra_socket)
-        self._dra_server.start()
-        log.info("serving %s on %s", ", ".join(services), self.dra_socket)
-
+        self._server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet-grpc"))
+        services = add_dra_services(self._server, self.preparer, self.metrics.observe)
+        services += add_health_services(self._server, self.health)
         self.registration = RegistrationServicer(cfg.driver_name, self.dra_socket, services)
-        self._reg_server = grpc.server(ThreadPoolExecutor(max_workers=2, thread_name_prefix="reg-grpc"))
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, self._reg_server)
-        _serve_unix(self._reg_server, self.reg_socket)
-        self._reg_server.start()
+        reg_grpc.add_RegistrationServicer_to_server(self.registration, self._server)
+        _serve_unix(self._server, self.dra_socket)
+        hidden_reg = _hidden(self.reg_socket)
+        _serve_unix(self._server, hidden_reg)
+        self._server.start()
+        log.info("serving %s on %s", ", ".join(services), self.dra_socket)
+        _remove_stale_socket(self.reg_socket)
+        hidden_reg.rename(self.reg_socket)  # the kubelet sees the socket now, with DRA served
         log.info("registration socket %s ready for the kubelet", self.reg_socket)
         # What start-up made (modules, discovery, the servers) lives as long as the daemon: moved
         # out of the collector's sight, a full collection scans only what came later (well under
@@ -414,13 +426,11 @@ class Daemon:
     def stop(self) -> None:
         """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
         self.status.stop()
-        if self._reg_server is not None:
-            self._reg_server.stop(grace=1).wait()
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError):  # the kubelet deregisters on the deletion
             self.reg_socket.unlink()
         self.health.close()  # open health streams end now instead of holding the grace period
-        if self._dra_server is not None:
-            self._dra_server.stop(grace=SHUTDOWN_GRACE).wait()
+        if self._server is not None:
+            self._server.stop(grace=SHUTDOWN_GRACE).wait()
         with contextlib.suppress(FileNotFoundError):
             self.dra_socket.unlink()
         self.network_refresh.stop()

@@ -15,6 +15,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -155,6 +156,15 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(m["port"])
 
 
+class _CallSeries(NamedTuple):
+    """One op's series."""
+
+    calls: Counter
+    ok: Counter
+    errors: Counter
+    seconds: Histogram
+
+
 class Metrics:
     def __init__(
         self,
@@ -177,22 +187,28 @@ class Metrics:
             buckets=CALL_BUCKETS,
             registry=self.registry,
         )
-        # Series exist from the start, so rate() and alerts see a 0 before the first call.
-        for op in OPS:
-            self._calls.labels(op)
-            self._seconds.labels(op)
-            for result in ("ok", "error"):
-                self._claims.labels(op, result)
+        # Series exist from the start, so rate() and alerts see a 0 before the first call; each
+        # op's children are kept (a fixed set) so a call does not look its labels up again.
+        self._series = {
+            op: _CallSeries(
+                self._calls.labels(op),
+                self._claims.labels(op, "ok"),
+                self._claims.labels(op, "error"),
+                self._seconds.labels(op),
+            )
+            for op in OPS
+        }
         self.registry.register(_ScrapeCollector(inventory, publisher_stats, health_counters))
         ProcessCollector(registry=self.registry)
 
     def observe(self, op: str, seconds: float, claims: int, errors: int) -> None:
         """One kubelet call of `op` that took `seconds` for `claims` claims, `errors` of which failed."""
         errors = min(max(errors, 0), max(claims, 0))
-        self._calls.labels(op).inc()
-        self._claims.labels(op, "ok").inc(max(claims, 0) - errors)
-        self._claims.labels(op, "error").inc(errors)
-        self._seconds.labels(op).observe(max(seconds, 0.0))
+        series = self._series[op]
+        series.calls.inc()
+        series.ok.inc(max(claims, 0) - errors)
+        series.errors.inc(errors)
+        series.seconds.observe(max(seconds, 0.0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

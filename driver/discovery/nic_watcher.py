@@ -41,7 +41,9 @@ class NicWatcher:
     Bursts are coalesced: the callback runs once the events have been quiet for `quiet` seconds,
     but never later than `max_delay` after the first event of the burst. Every `resync_period`
     seconds without a callback it runs anyway, to catch what netlink did not say (sysfs-only
-    changes, a dropped event, a default-route change: route events are not subscribed to).
+    changes, a dropped event, a default-route change: route events are not subscribed to); None
+    when the callback's owner rescans periodically itself (the daemon's NIC refresh loop does:
+    a second timer would only add a rediscovery, and an idle wakeup, per period).
     `trigger()` asks for a rescan as if an event had arrived. With `netlink=False` (the simulated
     node) only `trigger()` and the resync call it. `may_be_nic` judges a link message (see the
     module docstring); by default every link may be one. `is_nic` says which ifindexes the last
@@ -52,7 +54,7 @@ class NicWatcher:
         self,
         callback: Callable[[], None],
         netns: str | None = None,
-        resync_period: float = 60.0,
+        resync_period: float | None = 60.0,
         quiet: float = 0.15,
         max_delay: float = 1.0,
         netlink: bool = True,
@@ -127,7 +129,8 @@ class NicWatcher:
             self._wakeup.close()
 
     def _run(self) -> None:
-        next_resync = time.monotonic() + self.resync_period
+        period = self.resync_period
+        next_resync = time.monotonic() + period if period is not None else None
         assert self._wakeup is not None  # start() made it before starting this thread
         wakeup = self._wakeup
         readers: list[WakePipe | socket.socket] = [wakeup] + ([self._sock] if self._sock is not None else [])
@@ -137,7 +140,7 @@ class NicWatcher:
                 due = min(self._last_event + self.quiet, self._pending_since + self.max_delay)
             else:
                 due = next_resync
-            ready, _, _ = select.select(readers, [], [], max(0.0, due - now))
+            ready, _, _ = select.select(readers, [], [], None if due is None else max(0.0, due - now))
             now = time.monotonic()
             if self._sock in ready and self._drain_socket():
                 self._note_event(now)
@@ -148,9 +151,9 @@ class NicWatcher:
             fire = self._pending_since is not None and (
                 now >= self._last_event + self.quiet or now >= self._pending_since + self.max_delay
             )
-            if fire or now >= next_resync:
+            if fire or (next_resync is not None and now >= next_resync):
                 self._pending_since = None
-                next_resync = now + self.resync_period
+                next_resync = now + period if period is not None else None
                 self._call()
 
     def _note_event(self, now: float) -> None:

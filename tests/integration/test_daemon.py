@@ -147,13 +147,18 @@ def test_sigterm_removes_own_sockets_and_exits_cleanly(start_daemon, sim_node_de
 def test_stale_sockets_are_replaced(start_daemon, sim_node_default, kubelet):
     node = sim_node_default
     stale = node.registry / f"{DRIVER}-reg.sock"
-    s = socket.socket(socket.AF_UNIX)
-    s.bind(str(stale))
-    s.close()  # a socket file nobody listens on, as a killed daemon leaves behind
+    # The registration socket is bound under a hidden name first and renamed into place once
+    # DRA is served; a daemon killed in between leaves that name behind too.
+    stale_hidden = stale.with_name("." + stale.name[1:])
+    for path in (stale, stale_hidden):
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(path))
+        s.close()  # a socket file nobody listens on, as a killed daemon leaves behind
     daemon = start_daemon(node)
     assert poll(lambda: _listening(stale), 30), daemon.log_text()
     sock, info = _registered(kubelet)
     assert sock == stale and info.name == DRIVER
+    assert [p.name for p in node.registry.iterdir() if p.name.startswith(".")] == []
 
 
 def test_rolling_update_instances_use_their_own_sockets(start_daemon, apiserver, sim_node_default, kubelet):

@@ -81,6 +81,28 @@ def test_round_trip_is_exact():
     assert Spec.from_json(text).to_json() == text
 
 
+def test_compact_json_is_the_dict_encoded_whatever_the_spec_level_edits():
+    """The compact form splices in the spec-level edits' JSON, remembered by value: a spec with
+    other edits (or none) never gets the JSON of edits seen before."""
+    base = _full_spec()
+    variants = [
+        base,
+        Spec(cdi_version=base.cdi_version, kind=base.kind, devices=base.devices),
+        Spec(cdi_version=base.cdi_version, kind=base.kind, devices=base.devices, container_edits=FULL_EDITS),
+        Spec(
+            cdi_version=base.cdi_version,
+            kind=base.kind,
+            devices=base.devices,
+            container_edits=ContainerEdits(env=["Ü=ü"]),
+        ),
+        base,
+    ]
+    for spec in variants:
+        text = spec.to_json(compact=True)
+        assert text == json.dumps(spec.to_dict(), separators=(",", ":"), ensure_ascii=False) + "\n"
+        assert Spec.from_json(text) == spec
+
+
 def test_empty_and_unset_fields_are_omitted():
     spec = Spec(
         cdi_version="0.3.0",

@@ -403,6 +403,24 @@ def test_watcher_coalesces_triggers_and_resyncs() -> None:
         resyncing.stop()
 
 
+def test_watcher_without_a_resync_calls_back_on_triggers_only() -> None:
+    """The daemon's NIC refresh loop rescans periodically itself; its watcher adds no timer."""
+    quiet_calls: list[float] = []
+    clock_calls: list[float] = []
+    quiet = NicWatcher(lambda: quiet_calls.append(time.monotonic()), netlink=False, resync_period=None, quiet=0.01)
+    clock = NicWatcher(lambda: clock_calls.append(time.monotonic()), netlink=False, resync_period=0.05)
+    quiet.start()
+    clock.start()
+    try:
+        wait_for(lambda: len(clock_calls) >= 3)  # three resync periods went by
+        assert quiet_calls == []
+        quiet.trigger()
+        wait_for(lambda: len(quiet_calls) == 1 and quiet.idle)
+    finally:
+        quiet.stop()
+        clock.stop()
+
+
 def test_watcher_survives_a_failing_callback() -> None:
     calls = []
 
