@@ -27,7 +27,7 @@ from typing import Any
 
 import grpc
 
-from driver.checkpoint import Checkpoint, InstanceLock
+from driver.checkpoint import Checkpoint, DeviceRecord, InstanceLock
 from driver.claim_files import ClaimFiles
 from driver.claim_refresh import NetworkDataRefresh
 from driver.claims import PrepareSettings
@@ -132,21 +132,17 @@ class Daemon:
         self.inventory.subscribe(self.events.inventory_changed)
         # Exclusive NICs come back from pods under their pod-side name: give them back their own.
         self.nic_homes = NicHomes(self.data_dir, config.netns or None) if config.nic_link_source == "netlink" else None
-        # Shared GPUs: one MPS control daemon per GPU that MPS claims use, as the records say.
+
+        # Shared GPUs, as the checkpoint's records say: one MPS control daemon per GPU that MPS
+        # claims use; the time-slice interval the records ask for, the default back where none does.
+        def recorded() -> list[DeviceRecord]:
+            return [d for c in self.checkpoint.read().values() for d in c.devices]
+
         self.mps = MpsDaemons(
-            self.data_dir / "mps",
-            config.nvidia_driver_root,
-            needed=lambda: mps_gpus(
-                (d for c in self.checkpoint.read().values() for d in c.devices), self.inventory.get
-            ),
+            self.data_dir / "mps", config.nvidia_driver_root, needed=lambda: mps_gpus(recorded(), self.inventory.get)
         )
-        # Time-sliced GPUs: the interval the records ask for, the default back where none does.
         self.time_slices = TimeSlices(
-            self.data_dir,
-            config.nvidia_driver_root,
-            needed=lambda: time_slice_gpus(
-                (d for c in self.checkpoint.read().values() for d in c.devices), self.inventory.get
-            ),
+            self.data_dir, config.nvidia_driver_root, needed=lambda: time_slice_gpus(recorded(), self.inventory.get)
         )
         self.preparer = Preparer(
             sharing=GpuSharing(self.mps, self.time_slices),

@@ -29,7 +29,6 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import cdi
@@ -93,8 +92,8 @@ class Preparer:
         lookup_device: Callable[[str], Device | None],
         driver_files: Callable[[], DriverFiles],
         files: ClaimFiles,
+        partitions: MigPartitions,
         workers: int = 16,
-        partitions: MigPartitions | None = None,
         report_failure: Callable[[ClaimRef, str], None] = lambda _ref, _error: None,
         nic_homes: NicHomes | None = None,
         sharing: GpuSharing | None = None,
@@ -103,7 +102,7 @@ class Preparer:
         self._sharing = sharing or GpuSharing(None)  # shared GPUs: MPS limits and daemons, time slices
         self._report_failure = report_failure  # a Kubernetes Event on the claim (`driver.events`)
         self._nic_homes = nic_homes  # exclusive NICs' host identity, given back after the pod
-        self._partitions = partitions or MigPartitions(Path("/"), settings.proc_root)
+        self._partitions = partitions
         self._checkpoint = checkpoint
         self._instance = instance
         self._s = settings

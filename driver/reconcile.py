@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, InstanceLock
 from driver.claim_files import ClaimFiles
@@ -36,7 +35,7 @@ class Reconciler:
         settings: PrepareSettings,
         files: ClaimFiles,
         prepare: Callable[[Sequence[ClaimRef]], dict[str, PrepareResult]],
-        partitions: MigPartitions | None = None,
+        partitions: MigPartitions,
     ) -> None:
         self._api = api
         self._checkpoint = checkpoint
@@ -44,7 +43,7 @@ class Reconciler:
         self._s = settings
         self._files = files
         self._prepare = prepare
-        self._partitions = partitions or MigPartitions(Path("/"), settings.proc_root)
+        self._partitions = partitions
 
     def run(self) -> None:
         for path in self._files.remove_temp_files(self._checkpoint.path.parent):

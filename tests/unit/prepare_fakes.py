@@ -25,6 +25,7 @@ from driver.discovery.nic import NicDiscovery
 from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.kubeapi import ApiError, NotFound
 from driver.metadata import MetadataWriter
+from driver.mig_partitions import MigPartitions
 from driver.model import Device
 from driver.prepare import Preparer
 from driver.reconcile import Reconciler
@@ -143,6 +144,7 @@ def make_preparer(data: Path, cdi_root: Path, api: FakeAPI, instance: str, host:
         lookup_device=host.devices.get,
         driver_files=lambda: host.files,
         files=ClaimFiles(settings, MetadataWriter(data, cdi_root, DRIVER)),
+        partitions=MigPartitions(Path("/"), settings.proc_root),
     )
 
 
@@ -152,4 +154,6 @@ def make_reconciler(data: Path, cdi_root: Path, api: FakeAPI, preparer: Preparer
     files = ClaimFiles(settings, MetadataWriter(data, cdi_root, DRIVER))
     checkpoint = Checkpoint(data, "boot")
     instance = InstanceLock(data, f"reconciler-{uuid.uuid4().hex[:8]}")
-    return Reconciler(api, checkpoint, instance, settings, files, preparer.prepare)
+    return Reconciler(
+        api, checkpoint, instance, settings, files, preparer.prepare, MigPartitions(Path("/"), settings.proc_root)
+    )
