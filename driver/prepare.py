@@ -19,7 +19,10 @@ claim is named by its UID (`driver.claim_files`), so nothing done for one claim 
 claim of the same name.
 
 What goes into the claim status is `driver.claim_status`; keeping it current when a NIC's
-addresses change later is `driver.claim_refresh`.
+addresses change later is `driver.claim_refresh`. The status apply is a round trip to the API
+server that depends on nothing written here, so it runs beside the file writes of phase 2 (and the
+status withdrawal beside the file removals of unprepare), and the call waits for both: the claim's
+status is as true when the kubelet gets the answer as if they had run one after the other.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,10 +113,15 @@ class Preparer:
         self._driver_files = driver_files
         self._files = files
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
+        # Status applies and withdrawals, each beside its own call's file work (module docstring);
+        # a pool of its own, so that a call running on a claim-pool worker never waits for a slot
+        # of the pool it holds.
+        self._status_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim-status")
         self.claim_locks = ClaimLocks()
 
     def close(self) -> None:
         self._pool_exec.shutdown(wait=True, cancel_futures=True)
+        self._status_exec.shutdown(wait=True, cancel_futures=True)
 
     def prepare(self, refs: Sequence[ClaimRef], alive: Callable[[], bool] = lambda: True) -> dict[str, PrepareResult]:
         """The claims of one call, prepared together (module docstring). The claim locks cover the
@@ -267,19 +275,30 @@ class Preparer:
                 with self._checkpoint.transaction() as claims:
                     self._check_still_prepared(ref, claims, STATE_COMPLETED)
             return PrepareResult(devices=completed.devices)
-        # Phase 2: idempotent side effects (files are rewritten whole, status is an apply).
+        # Phase 2: idempotent side effects (files are rewritten whole, status is an apply), the
+        # apply beside the files (module docstring).
         if self._nic_homes is not None:
             self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
-        self._files.write_spec(ref.uid, spec)
-        metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx, pod_devices)
-        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), p.planned)
-        self._api.apply_claim_status(
+        status = status_entries(
+            self._s, _with_network_data(tuple(records), p.planned), rfc3339(), current_devices(p.claim)
+        )
+        applying = self._status_exec.submit(
+            self._api.apply_claim_status,
             ref.namespace,
             ref.name,
-            status_entries(self._s, done, rfc3339(), current_devices(p.claim)),
+            status,
             field_manager=self._s.driver_name,
             uid=ref.uid,
         )
+        try:
+            self._files.write_spec(ref.uid, spec)
+            metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx, pod_devices)
+        finally:
+            # Waited for even when a file failed: an apply landing after this call returned could
+            # land after the Unprepare that follows, and leave a Ready status on an unprepared claim.
+            wait([applying])
+        applying.result()
+        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), p.planned)
         with self._checkpoint.transaction() as claims:
             self._check_still_prepared(ref, claims, STATE_STARTED)
             claims[ref.uid] = ClaimRecord(
@@ -358,11 +377,16 @@ class Preparer:
                 # touches a new claim of the same name. The files go even without a record: the
                 # kubelet says the claim is no longer needed, whatever the checkpoint lost.
                 record = self._checkpoint.read().get(ref.uid)
-                self._files.remove(ref.uid)
+                # Our status entries are withdrawn beside the file removals (module docstring).
+                clearing = None if record is None else self._status_exec.submit(self._clear_status, ref, ctx)
+                try:
+                    self._files.remove(ref.uid)
+                finally:
+                    if clearing is not None:
+                        wait([clearing])
                 if record is None:
                     log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""
-                self._clear_status(ref, ctx)
                 for placement in (d.mig for d in record.devices if d.mig is not None):
                     self._partitions.destroy(placement)  # before the record goes: a crash here is retried
                 with self._checkpoint.transaction() as claims:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from prepare_fakes import DRIVER, FakeAPI, Host, make_preparer, render_host
+from waiting import wait_for
 
 from driver.checkpoint import STATE_COMPLETED, Checkpoint
 
@@ -62,7 +63,8 @@ def test_unprepare_by_the_other_instance_mid_prepare_leaves_nothing(setup):
     t = threading.Thread(target=lambda: result.append(a.prepare([ref])[ref.uid]))
     t.start()
     assert api.held.wait(10), "instance A never reached the status apply"
-    assert _files(data, cdi_root), "A has written its files before the apply"
+    # A writes its files while its apply is held (the two run side by side).
+    wait_for("A's CDI spec, metadata spec and metadata directory", lambda: len(_files(data, cdi_root)) == 3, 10)
     assert b.unprepare([ref]) == {ref.uid: ""}  # the kubelet asks the newer instance
     api.hold.set()
     t.join(10)
