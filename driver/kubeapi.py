@@ -1,11 +1,11 @@
 """The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA), ResourceSlices, Events.
 
 Everything else in the driver gets plain camelCase dicts and our own exceptions from here, never
-HTTP responses or urllib3 errors, so that callers decide retry versus give-up from one small
+HTTP responses or socket errors, so that callers decide retry versus give-up from one small
 vocabulary (`ApiError.retryable`) and the transport can be swapped or upgraded in one place.
 
-The requests are plain REST over a urllib3 connection pool, with the server, TLS and credentials
-of `driver.kubeconfig`, not through the official `kubernetes` client. Its package imports every
+The requests are plain REST over kept-alive connections (`driver.apiconn`), with the server, TLS
+and credentials of `driver.kubeconfig`, not through the official `kubernetes` client. Its package imports every
 one of its pydantic models (about 35 MiB of the daemon's memory), validates every call's
 arguments against them, and its models silently drop every JSON key they do not know (docs/reference/resource-api.md, 'Python client notes'): a claim
 or slice read through a model would lose fields newer than the client, and the slice publisher
@@ -24,8 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import urllib3
-
+from driver.apiconn import ConnectionPool, Response, Timeouts
 from driver.kubeconfig import ConfigError, cluster_access
 from driver.resource_api import API_VERSION
 
@@ -78,18 +77,16 @@ def _error_from(exc: Exception, what: str) -> ApiError:
     return ApiError(f"{what}: {type(exc).__name__}: {exc}", 0, retryable=True)
 
 
-def _status_error(resp: Any, what: str) -> ApiError:
+def _status_error(resp: Response, what: str) -> ApiError:
     """An answer outside 2xx, with the message of the metav1.Status the server sends."""
     status = int(resp.status)
     detail = ""
     with contextlib.suppress(Exception):
-        body = resp.data
+        body = resp.read()
         try:
             detail = str(json.loads(body).get("message", ""))
         except (ValueError, AttributeError):
             detail = body.decode(errors="replace")[:200]
-    with contextlib.suppress(Exception):
-        _discard(resp)
     msg = f"{what}: HTTP {status} {resp.reason or ''}: {detail}".rstrip(": ")
     if status == 404:
         return NotFound(msg, status)
@@ -98,18 +95,15 @@ def _status_error(resp: Any, what: str) -> ApiError:
     return ApiError(msg, status)
 
 
-def _decode(resp: Any, what: str) -> dict[str, Any]:
-    """The body is read here, lazily: a connection that breaks or times out mid-body raises from
-    urllib3 now, and must still become an ApiError."""
+def _decode(resp: Response, what: str) -> dict[str, Any]:
+    """The body is read here, lazily: a connection that breaks or times out mid-body raises
+    now, and must still become an ApiError."""
     try:
-        obj = json.loads(resp.data)
+        obj = json.loads(resp.read())
     except (ValueError, TypeError) as exc:
         raise ApiError(f"{what}: response is not JSON: {exc}", resp.status, retryable=True) from exc
     except Exception as exc:
         raise _error_from(exc, what) from exc
-    finally:
-        with contextlib.suppress(Exception):
-            _discard(resp)
     if not isinstance(obj, dict):
         raise ApiError(f"{what}: response is not a JSON object", resp.status, retryable=True)
     return obj
@@ -122,14 +116,14 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
     blocked socket read cannot be interrupted any other way.
     """
 
-    def __init__(self, resp: Any, what: str) -> None:
+    def __init__(self, resp: Response, what: str) -> None:
         self._resp = resp
         self._what = what
         self._events = self._read()
 
     def stop(self) -> None:
-        # ValueError/OSError: already ended, the connection was released or closed.
-        with contextlib.suppress(ValueError, OSError):
+        # OSError: already ended, the connection closed.
+        with contextlib.suppress(OSError):
             self._resp.shutdown()
 
     def __next__(self) -> tuple[str, dict[str, Any]]:
@@ -156,27 +150,21 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
         except Exception as exc:
             raise _error_from(exc, what) from exc
         finally:
-            # close, not release: a half-read stream must never go back to the pool, or the
-            # next request on that connection would read the rest of this watch.
-            self._resp.close()
+            self._resp.close()  # a half-read stream never goes back to the pool
 
 
-def _lines(resp: Any) -> Iterator[str]:
+def _lines(resp: Response) -> Iterator[str]:
     """The non-empty lines of a streamed body, each as soon as its newline arrives."""
     buffer = b""
-    for chunk in resp.stream(amt=None, decode_content=False):
+    for chunk in resp.chunks():
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
         yield from (line.decode(errors="replace") for line in lines if line.strip())
 
 
-def _discard(resp: Any) -> None:
-    """Read the body before releasing the connection: an unread body left in a pooled
-    connection would be read as the answer to the next request."""
-    try:
-        resp.drain_conn()
-    finally:
-        resp.release_conn()
+def _discard(resp: Response) -> None:
+    """Read the body so that the connection can carry the next request."""
+    resp.read()
 
 
 def _slice_selector(node_name: str, driver: str) -> str:
@@ -191,24 +179,17 @@ class KubeAPI:
             access = cluster_access(kubeconfig)
         except (ConfigError, OSError, ValueError) as exc:
             raise ApiError(f"cannot load Kubernetes client configuration: {exc}", retryable=False) from exc
-        self._server = access.server
+        try:
+            self._pool = ConnectionPool(
+                access.server, access.tls, access.proxy, Timeouts(connect=timeout[0], read=timeout[1]), CONNECTIONS
+            )
+        except ValueError as exc:
+            raise ApiError(f"cannot use the Kubernetes client configuration: {exc}", retryable=False) from exc
         self._credentials = access.credentials
-        self._timeout = urllib3.Timeout(connect=timeout[0], read=timeout[1])
         self._read_timeout = timeout[1]
-        pool: dict[str, Any] = {
-            # Retry only failed connects inside urllib3 (the request never left); everything else
-            # surfaces as an error so that the caller's backoff, not a hidden loop, decides.
-            "retries": urllib3.Retry(total=2, connect=2, read=0, status=0, other=0, redirect=0),
-            "maxsize": CONNECTIONS,
-            **access.tls,
-        }
-        self._http = urllib3.ProxyManager(access.proxy, **pool) if access.proxy else urllib3.PoolManager(**pool)
-        # Without a proxy every request goes to the one server: straight to its pool, without the
-        # manager's URL parsing and pool look-up on each (a fifth of a request's CPU).
-        self._pool = None if access.proxy else self._http.connection_from_url(self._server)
 
     def close(self) -> None:
-        self._http.clear()
+        self._pool.close()
 
     def _request(
         self,
@@ -219,8 +200,8 @@ class KubeAPI:
         query: dict[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
-        timeout: urllib3.Timeout | None = None,
-    ) -> Any:
+        read_timeout: float | None = None,
+    ) -> Response:
         """Send one request; the response (body unread) when the server answered 2xx. `body` is
         sent as JSON (a JSON document is also valid YAML, for apply patches)."""
         target = path + (f"?{urlencode(query)}" if query else "")
@@ -233,16 +214,7 @@ class KubeAPI:
             if body is not None:
                 data = json.dumps(body, separators=(",", ":")).encode()
                 headers["Content-Type"] = content_type
-            via, where = (self._http, self._server + target) if self._pool is None else (self._pool, target)
-            resp = via.urlopen(
-                method,
-                where,
-                body=data,
-                headers=headers,
-                timeout=timeout or self._timeout,
-                preload_content=False,
-                redirect=False,
-            )
+            resp = self._pool.request(method, target, data, headers, read_timeout)
         except Exception as exc:
             raise _error_from(exc, what) from exc
         if not 200 <= resp.status < 300:
@@ -325,8 +297,8 @@ class KubeAPI:
             "watch": "true",
         }
         # The read timeout must outlast the server-side watch timeout.
-        timeout = urllib3.Timeout(connect=self._timeout.connect_timeout, read=timeout_seconds + self._read_timeout)
-        return SliceWatch(self._request("GET", _SLICES, what, query=query, timeout=timeout), what)
+        read_timeout = timeout_seconds + self._read_timeout
+        return SliceWatch(self._request("GET", _SLICES, what, query=query, read_timeout=read_timeout), what)
 
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a slice (use metadata.generateName); returns what the server stored."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import os
+import ssl
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,14 +65,35 @@ class Credentials:
             return self._header
 
 
+@dataclass(frozen=True)
+class TlsSettings:
+    """How to check the server and prove who we are. The files are loaded into a new context for
+    every connection (`context`), so a rotated certificate or CA file is used from the next one."""
+
+    verify: bool = True  # False: insecure-skip-tls-verify
+    ca_file: str | None = None  # None and no ca_data: the system's CAs
+    ca_data: str | None = None  # PEM
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None  # tls-server-name: the name the certificate must carry
+
+    def context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_data)
+        if not self.verify:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        if self.cert_file is not None:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
 @dataclass
 class ClusterAccess:
     """Everything a connection pool needs: the server, TLS settings, proxy and credentials."""
 
     server: str  # scheme://host[:port], no trailing slash
     credentials: Credentials = field(default_factory=Credentials)
-    # urllib3 pool keywords: cert_reqs, ca_certs or ca_cert_data, cert_file/key_file, server_hostname
-    tls: dict[str, Any] = field(default_factory=dict)
+    tls: TlsSettings | None = None  # None for an http:// server
     proxy: str | None = None
 
 
@@ -91,7 +113,7 @@ def in_cluster(environ: dict[str, str] | None = None, sa_dir: Path = SERVICE_ACC
     return ClusterAccess(
         server=server,
         credentials=Credentials(token_file=sa_dir / "token"),
-        tls={"cert_reqs": "CERT_REQUIRED", "ca_certs": str(sa_dir / "ca.crt")},
+        tls=TlsSettings(ca_file=str(sa_dir / "ca.crt")),
         proxy=_env_proxy(server),
     )
 
@@ -128,7 +150,7 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
     return ClusterAccess(
         server=server,
         credentials=_credentials(user, user_dir, paths),
-        tls=_tls(cluster, cluster_dir, user, user_dir) if server.startswith("https:") else {},
+        tls=_tls(cluster, cluster_dir, user, user_dir) if server.startswith("https:") else None,
         proxy=str(cluster["proxy-url"]) if cluster.get("proxy-url") else _env_proxy(server),
     )
 
@@ -160,23 +182,19 @@ def _credentials(user: dict[str, Any], base: Path, paths: str) -> Credentials:
     return Credentials()
 
 
-def _tls(cluster: dict[str, Any], cluster_dir: Path, user: dict[str, Any], user_dir: Path) -> dict[str, Any]:
-    tls: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED"}
-    if cluster.get("insecure-skip-tls-verify") is True:
-        tls.update(cert_reqs="CERT_NONE", assert_hostname=False)
-    elif cluster.get("certificate-authority-data"):
-        tls["ca_cert_data"] = _b64(cluster["certificate-authority-data"], "certificate-authority-data").decode()
-    elif cluster.get("certificate-authority"):
-        tls["ca_certs"] = str(cluster_dir / str(cluster["certificate-authority"]))
-    if cluster.get("tls-server-name"):
-        tls["server_hostname"] = str(cluster["tls-server-name"])
+def _tls(cluster: dict[str, Any], cluster_dir: Path, user: dict[str, Any], user_dir: Path) -> TlsSettings:
+    ca_file = ca_data = None
+    verify = cluster.get("insecure-skip-tls-verify") is not True
+    if verify and cluster.get("certificate-authority-data"):
+        ca_data = _b64(cluster["certificate-authority-data"], "certificate-authority-data").decode()
+    elif verify and cluster.get("certificate-authority"):
+        ca_file = str(cluster_dir / str(cluster["certificate-authority"]))
     cert = _file_or_data(user, "client-certificate", user_dir)
     key = _file_or_data(user, "client-key", user_dir)
     if (cert is None) != (key is None):
         raise ConfigError("kubeconfig: a client certificate needs both client-certificate and client-key")
-    if cert is not None:
-        tls.update(cert_file=cert, key_file=key)
-    return tls
+    name = str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None
+    return TlsSettings(verify=verify, ca_file=ca_file, ca_data=ca_data, cert_file=cert, key_file=key, server_name=name)
 
 
 def _file_or_data(user: dict[str, Any], key: str, base: Path) -> str | None:

@@ -64,7 +64,7 @@ class TextFormatter(logging.Formatter):
 
 
 def setup(verbosity: int, fmt: str) -> None:
-    """-v gives debug for the driver; -vv also debug for libraries (grpc, urllib3, pyroute2)."""
+    """-v gives debug for the driver; -vv also debug for libraries (grpc, pyroute2)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     handler.addFilter(_ContextFilter())
@@ -73,5 +73,5 @@ def setup(verbosity: int, fmt: str) -> None:
     root.setLevel(logging.DEBUG if verbosity >= 2 else logging.INFO)
     logging.getLogger("driver").setLevel(logging.DEBUG if verbosity >= 1 else logging.INFO)
     if verbosity < 2:
-        for noisy in ("urllib3", "kubernetes", "pyroute2"):
+        for noisy in ("kubernetes", "pyroute2"):
             logging.getLogger(noisy).setLevel(logging.WARNING)

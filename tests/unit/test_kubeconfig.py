@@ -17,7 +17,7 @@ import yaml
 
 from driver import kubeconfig
 from driver.kubeapi import ApiError, KubeAPI
-from driver.kubeconfig import ConfigError, cluster_access, from_kubeconfig, in_cluster
+from driver.kubeconfig import ConfigError, TlsSettings, cluster_access, from_kubeconfig, in_cluster
 
 
 def _write(path: Path, doc: dict) -> Path:
@@ -43,7 +43,7 @@ def test_in_cluster_uses_the_service_account_and_rereads_a_rotated_token(
     (tmp_path / "token").write_text("first\n")
     access = in_cluster({"KUBERNETES_SERVICE_HOST": "fd00::1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
     assert access.server == "https://[fd00::1]:443"
-    assert access.tls == {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(tmp_path / "ca.crt")}
+    assert access.tls == TlsSettings(ca_file=str(tmp_path / "ca.crt"))
     assert access.credentials.header() == "Bearer first"
     (tmp_path / "token").write_text("second\n")  # the kubelet rotated it
     assert access.credentials.header() == "Bearer first"  # read again only once a minute old
@@ -65,7 +65,7 @@ def test_kubeconfig_files_relative_to_it_and_inline_data(tmp_path: Path) -> None
         cluster={"certificate-authority": "ca.crt", "tls-server-name": "kubernetes"}, user={"tokenFile": "tok"}
     )
     access = from_kubeconfig(str(_write(tmp_path / "kc", doc)))
-    assert access.tls["ca_certs"] == str(tmp_path / "ca.crt") and access.tls["server_hostname"] == "kubernetes"
+    assert access.tls == TlsSettings(ca_file=str(tmp_path / "ca.crt"), server_name="kubernetes")
     assert access.credentials.header() == "Bearer from-file"
 
     key, cert = b"-----BEGIN KEY-----\n", b"-----BEGIN CERT-----\n"
@@ -77,14 +77,15 @@ def test_kubeconfig_files_relative_to_it_and_inline_data(tmp_path: Path) -> None
         },
     )
     access = from_kubeconfig(str(_write(tmp_path / "kc2", doc)))
-    assert access.tls["ca_cert_data"] == "PEM CA"
+    assert access.tls is not None and access.tls.ca_data == "PEM CA"
     # Inline credentials go to anonymous memory files, never to a disk.
-    assert Path(access.tls["cert_file"]).read_bytes() == cert and Path(access.tls["key_file"]).read_bytes() == key
+    assert access.tls.cert_file is not None and access.tls.key_file is not None
+    assert Path(access.tls.cert_file).read_bytes() == cert and Path(access.tls.key_file).read_bytes() == key
     assert access.credentials.header() is None
 
     doc = _config(cluster={"insecure-skip-tls-verify": True}, user={"username": "a", "password": "b"})
     insecure = from_kubeconfig(str(_write(tmp_path / "kc3", doc)))
-    assert insecure.tls == {"cert_reqs": "CERT_NONE", "assert_hostname": False}
+    assert insecure.tls == TlsSettings(verify=False)
     assert insecure.credentials.header() == "Basic " + base64.b64encode(b"a:b").decode()
 
 
