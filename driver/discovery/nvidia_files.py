@@ -253,8 +253,9 @@ def find_driver_files(driver_root: Path, host_root: Path | None = None, machine:
     targets = loader_dirs(machine or platform.machine())
     libraries = [(host, f"{d}/{name}") for name, host in found_libraries.items() for d in targets]
     binaries: list[tuple[str, str]] = []
+    binary_dirs = _scan_dirs(root, BINARY_DIRS)
     for binary in BINARIES:
-        for rel_dir, _ in _scan_dirs(root, BINARY_DIRS):
+        for rel_dir, _ in binary_dirs:
             found = _entry(root, rel_dir / binary) if os.path.lexists(root / rel_dir / binary) else None
             if found is not None:
                 binaries.append(found)

@@ -5,17 +5,21 @@ read here (`class/infiniband/<dev>/ports/<p>/{state,phys_state}`). On the simula
 NICs exist only as a sysfs tree, links are read here too (`class/net/<if>/{operstate,carrier,
 flags,ifindex}`). A file in a form that cannot be read makes its signal unobservable, with one
 warning per file.
+
+This runs every poll for every NIC (six files and a directory each), so paths are plain strings
+and files are read by `nic_sysfs.read`, straight through the OS.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.discovery import rtnl
+from driver.discovery import nic_sysfs, rtnl
 from driver.discovery.rtnl import LinkState
 from driver.health.nic_signals import BAD_OPERSTATES, Fault, port_fault
 
@@ -28,7 +32,8 @@ class LinkSysfs:
     """Reads link and port state under `sysfs_root`; `on_error` counts every unreadable entry."""
 
     def __init__(self, sysfs_root: Path, on_error: Callable[[], None]) -> None:
-        self.sysfs_root = sysfs_root
+        self._net = os.path.join(sysfs_root, "class/net")
+        self._infiniband = os.path.join(sysfs_root, "class/infiniband")
         self._on_error = on_error
         self._warned: set[str] = set()
 
@@ -38,31 +43,31 @@ class LinkSysfs:
             self._warned.add(key)
             log.warning(message, *args)
 
-    def _read(self, path: Path) -> str | None:
+    def _read(self, path: str) -> str | None:
         """Contents of a sysfs file; None when it is absent or unreadable (EINVAL: `carrier` of a
         link that is administratively down)."""
         try:
-            return path.read_text().strip()
+            return nic_sysfs.read(path)
         except FileNotFoundError:
             return None
         except OSError as e:
             if e.errno != errno.EINVAL:
-                self._warn_once(str(path), "cannot read %s: %s", path, e)
+                self._warn_once(path, "cannot read %s: %s", path, e)
             return None
 
     def link(self, ifname: str) -> LinkState | None:
         """A netdev's state from sysfs (the simulated node); None when there is no such netdev."""
-        net = self.sysfs_root / "class/net" / ifname
-        operstate = self._read(net / "operstate")
+        net = f"{self._net}/{ifname}"
+        operstate = self._read(f"{net}/operstate")
         if operstate is None:
             return None
         try:
-            flags = int(self._read(net / "flags") or "0x1", 0)
-            index = int(self._read(net / "ifindex") or "0")
-            carrier_text = self._read(net / "carrier")
+            flags = int(self._read(f"{net}/flags") or "0x1", 0)
+            index = int(self._read(f"{net}/ifindex") or "0")
+            carrier_text = self._read(f"{net}/carrier")
             carrier = int(carrier_text) == 1 if carrier_text is not None else None
         except ValueError as e:
-            self._warn_once(str(net), "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
+            self._warn_once(net, "netdev %s: unreadable sysfs state, not judged: %s", ifname, e)
             return None
         admin_up = bool(flags & rtnl.IFF_UP)
         if carrier is None:  # the kernel refuses to say while the link is administratively down
@@ -72,20 +77,22 @@ class LinkSysfs:
     def ports(self, rdma_device: str) -> dict[int, Fault | None]:
         """Each readable port of an RDMA device with its fault; ports sysfs does not show, or
         shows in a form we cannot read, are left out (unobservable)."""
+        ports = f"{self._infiniband}/{rdma_device}/ports"
+        try:
+            names = os.listdir(ports)
+        except OSError:  # no such RDMA device (any more), or not a directory: no ports to judge
+            return {}
         out: dict[int, Fault | None] = {}
-        for port_dir in sorted((self.sysfs_root / "class/infiniband" / rdma_device / "ports").glob("*")):
-            if not port_dir.name.isdigit():
+        for name in sorted(names):
+            if not name.isdigit():
                 continue
-            port = int(port_dir.name)
-            state = self._port_state(port_dir / "state")
+            state = self._port_state(f"{ports}/{name}/state")
             if state is None:
                 continue
-            phys_text = self._read(port_dir / "phys_state")
-            phys = self._port_state(port_dir / "phys_state") if phys_text is not None else None
-            out[port] = port_fault(port, state, phys)
+            out[int(name)] = port_fault(int(name), state, self._port_state(f"{ports}/{name}/phys_state"))
         return out
 
-    def _port_state(self, path: Path) -> str | None:
+    def _port_state(self, path: str) -> str | None:
         """`4: ACTIVE` -> `ACTIVE`; None (and a warning, once) for a file in another form."""
         text = self._read(path)
         if text is None:

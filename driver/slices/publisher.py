@@ -111,6 +111,11 @@ class SlicePublisher:
         self._stats = PublisherStats()
         self._skipped: set[str] = set()
         self._writing = False
+        # What the last sync that planned nothing compared (devices, live slices, modes): the
+        # same inputs plan nothing again (`plan` is pure), so a resync or a trigger that changed
+        # nothing costs a comparison by value, not a build and a plan (most of an idle daemon's
+        # syncs). One entry, replaced by the next sync that plans nothing.
+        self._agreed: tuple[object, ...] | None = None
         self._worker: threading.Thread | None = None
 
     # -- public ----------------------------------------------------------------------------
@@ -166,8 +171,8 @@ class SlicePublisher:
             self._dirty_since = time.monotonic()
         self._cond.notify_all()
 
-    def _desired(self, live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        devices = [d for d in self._get_devices() if self._publishable(d)]
+    def _desired(self, devices: Sequence[Device], live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        devices = [d for d in devices if self._publishable(d)]
         if not self._list_mode:
             devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
         if not self._taint_mode:
@@ -200,7 +205,7 @@ class SlicePublisher:
                 return False
             live = self._cache.snapshot()
         try:
-            return plan(self._desired(live), live).empty
+            return plan(self._desired(self._get_devices(), live), live).empty
         except Exception:
             return False
 
@@ -312,12 +317,19 @@ class SlicePublisher:
             return False
 
     def _sync_once(self) -> None:
+        devices = self._get_devices()
         with self._cond:
             live = self._cache.snapshot()
             self._stats.syncs += 1
-        p = plan(self._desired(live), live)
+            modes = (self._list_mode, self._taint_mode, self._counter_mode, self._sharing_mode)
+            inputs = (modes, self._node_uid, live, devices)  # everything the plan depends on
+            if inputs == self._agreed:  # cheap when unchanged: the same objects compare by identity
+                self._cond.notify_all()
+                return
+        p = plan(self._desired(devices, live), live)
         if p.empty:
             with self._cond:
+                self._agreed = inputs
                 self._cond.notify_all()
             return
         log.info(

@@ -33,10 +33,10 @@ Events: `<state file>.events` holds one JSON object per line
 `sim.nvml.append_event`. An event set sees the lines appended after its creation for the
 devices registered on it; `nvmlEventSetWait_v2` blocks until one arrives or the timeout, as the
 real wait blocks in the kernel driver (an inotify watch on the state file's directory wakes it when
-the events or the state file change: no polling), and fails with `NVML_ERROR_GPU_IS_LOST` while a
-GPU registered on the set is lost. ECC events
-count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC events of that type
-raised on the GPU, as the driver counts the error it reports.
+the events or the state file change: no polling, and a wait that times out with neither changed
+reads no file), and fails with `NVML_ERROR_GPU_IS_LOST` while a GPU registered on the set is
+lost. ECC events count: `nvmlDeviceGetTotalEccErrors` is the profile's base count plus the ECC
+events of that type raised on the GPU, as the driver counts the error it reports.
 
 Memory health (profile fields): `ecc_enabled`, `ecc_{corrected,uncorrected}_{volatile,aggregate}`,
 `remapped_rows_*` (Ampere and later) and `retired_pages_pending` (before Ampere). The GPU's
@@ -483,6 +483,9 @@ class c_nvmlEventSet_t:
         self.cursor = cursor  # byte offset into the events file
         self.registered: dict[str, int] = {}  # GPU UUID -> event type mask
         self.changes = changes  # wakes a waiter when the events or state file changes
+        # The last look at the files found nothing, and neither file has changed since: a wait
+        # need not look again before it blocks (the real wait costs nothing but its wake).
+        self.quiet = False
 
 
 # --- simulated state -----------------------------------------------------------------------------
@@ -496,6 +499,7 @@ _library_version = ""  # the driver version of the library this process loaded, 
 _state_path = ""
 _state_key: tuple[int, int, int] | None = None
 _gpus: list[dict[str, Any]] = []
+_by_uuid: dict[str, dict[str, Any]] = {}  # the same GPUs by UUID: every call on a handle looks one up
 _system: dict[str, Any] = {}
 
 
@@ -505,7 +509,7 @@ def _raise(code: int) -> NoReturn:
 
 def _load(path: str) -> None:
     """(Re)read the state file; the caller holds the lock."""
-    global _state_key, _gpus, _system
+    global _state_key, _gpus, _by_uuid, _system
     if not path:
         _raise(NVML_ERROR_DRIVER_NOT_LOADED)
     try:
@@ -526,6 +530,9 @@ def _load(path: str) -> None:
     except (ValueError, TypeError, KeyError):
         _raise(NVML_ERROR_UNKNOWN)
     _gpus = gpus
+    _by_uuid = {}
+    for g in gpus:
+        _by_uuid.setdefault(g.get("uuid"), g)
     _system = raw
     _state_key = (st.st_ino, st.st_mtime_ns, st.st_size)
 
@@ -566,7 +573,9 @@ def _current() -> list[dict[str, Any]]:
 
 
 def _find_gpu(uuid: str) -> dict[str, Any] | None:
-    return next((g for g in _current() if g["uuid"] == uuid), None)
+    with _lock:
+        _current()
+        return _by_uuid.get(uuid)
 
 
 def _resolve(func: str, handle: c_nvmlDevice_t) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -1454,9 +1463,11 @@ class _Changes:
     there, where the kernel has inotify; else a 20 ms poll.
 
     The watch exists before the waiter first looks at the files, so a change made between its
-    look and its wait is still pending when it waits: nothing is missed."""
+    look and its wait is still pending when it waits: nothing is missed. For the same reason a
+    wait that saw no change needs no second look: the look before it still holds."""
 
     _MASK = 0x2 | 0x8 | 0x80 | 0x100  # IN_MODIFY | IN_CLOSE_WRITE | IN_MOVED_TO | IN_CREATE
+    _OVERFLOW = 0x4000  # IN_Q_OVERFLOW: always reported, names no file
 
     def __init__(self, state_path: str) -> None:
         self._names = {os.fsencode(os.path.basename(p)) for p in (state_path, state_path + ".events")}
@@ -1478,24 +1489,33 @@ class _Changes:
         """Forget the changes seen so far (the caller is about to look at the files)."""
         self._changed()
 
-    def wait(self, seconds: float) -> None:
-        """Until one of the two files changes after the last `drain`, or `seconds`."""
+    def wait(self, seconds: float) -> bool:
+        """Until one of the two files changes after the last `drain`, or `seconds` (0: whether one
+        has): whether one may have changed (always, without inotify: the caller must look)."""
         if self._fd < 0:
             time.sleep(min(0.02, seconds))
-            return
+            return True
         deadline = time.monotonic() + seconds
-        while (remaining := deadline - time.monotonic()) > 0:
-            if select.select([self._fd], [], [], remaining)[0] and self._changed():
-                return
+        while True:
+            remaining = deadline - time.monotonic()
+            if not select.select([self._fd], [], [], max(0.0, remaining))[0]:
+                return False
+            if self._changed():
+                return True
+            if remaining <= 0:
+                return False
 
     def _changed(self) -> bool:
-        """Read the pending notifications: whether one was about the state or the events file."""
+        """Read the pending notifications: whether one was about the state or the events file
+        (or may have been: the kernel's queue overflowed and dropped some)."""
         changed = False
         with contextlib.suppress(BlockingIOError):
             while self._fd >= 0 and (data := os.read(self._fd, 4096)):
                 offset = 0
                 while offset < len(data):  # struct inotify_event: wd, mask, cookie, len, name[len]
+                    mask = int.from_bytes(data[offset + 4 : offset + 8], sys.byteorder)
                     length = int.from_bytes(data[offset + 12 : offset + 16], sys.byteorder)
+                    changed |= bool(mask & self._OVERFLOW)
                     changed |= data[offset + 16 : offset + 16 + length].rstrip(b"\0") in self._names
                     offset += 16 + length
         return changed
@@ -1546,19 +1566,30 @@ def _next_event(eventSet: c_nvmlEventSet_t) -> c_nvmlEventData_t | None:
 
 
 def nvmlEventSetWait_v2(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:
+    """The next event, or NVML_ERROR_TIMEOUT. The files are looked at only when they may have
+    changed since the last look that found nothing (`quiet`), so a caller that waits in a loop
+    pays per timeout what it pays the real library: the wake, no file reads."""
     deadline = time.monotonic() + timeoutms / 1000
+    looked = False
     while True:
-        eventSet.changes.drain()
-        gpus = _current()
-        if any(g.get("lost") for g in gpus if g["uuid"] in eventSet.registered):
-            _raise(NVML_ERROR_GPU_IS_LOST)  # as the real wait does while a GPU in the set is off the bus
-        event = _next_event(eventSet)
-        if event is not None:
-            return event
+        if not eventSet.quiet:
+            eventSet.changes.drain()
+            gpus = _current()
+            if any(g.get("lost") for g in gpus if g["uuid"] in eventSet.registered):
+                _raise(NVML_ERROR_GPU_IS_LOST)  # as the real wait does while a GPU in the set is off the bus
+            event = _next_event(eventSet)
+            if event is not None:
+                return event  # more may be queued: the next wait looks again
+            eventSet.quiet = looked = True
+        else:
+            with _lock:
+                if _refcount == 0:
+                    _raise(NVML_ERROR_UNINITIALIZED)
         remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        # Past the deadline a fresh look is the answer; a quiet set still asks whether it is stale.
+        if (looked and remaining <= 0) or not eventSet.changes.wait(max(0.0, remaining)):
             _raise(NVML_ERROR_TIMEOUT)
-        eventSet.changes.wait(remaining)
+        eventSet.quiet = False
 
 
 def nvmlEventSetWait(eventSet: c_nvmlEventSet_t, timeoutms: int) -> c_nvmlEventData_t:

@@ -14,6 +14,8 @@ import pytest
 from driver.discovery.nic_device import shared_capacity
 from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
+from driver.slices import publisher
+from driver.slices.plan import plan
 from driver.slices.publisher import PublisherOptions, SlicePublisher
 from sim.apiserver import SimApiServer
 
@@ -232,6 +234,43 @@ def test_steady_state_makes_no_writes(srv: Any, make_publisher: Callable[..., Sl
     wait_syncs(pub, 4)
     assert pub.stats.writes == before
     assert settled_writes(srv, pub, mark, before) == []
+
+
+def test_a_sync_that_changed_nothing_does_not_plan_again(
+    srv: Any, make_publisher: Callable[..., SlicePublisher], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle daemon's syncs (resyncs, triggers of changes that cancelled out) meet the devices
+    and live slices of the last sync that planned nothing: answered by comparing those, with no
+    build and no plan. A change of either is planned again, also one back to an earlier state."""
+    planned: list[int] = []
+
+    def counting_plan(desired: Sequence[dict[str, Any]], live: Sequence[Any]) -> Any:
+        if threading.current_thread().name == "slice-publisher":  # not wait_synced's own checks
+            planned.append(len(desired))
+        return plan(desired, live)
+
+    monkeypatch.setattr(publisher, "plan", counting_plan)
+    base = [gpu(i) for i in range(20)]
+    devices = Devices(base)
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    wait_syncs(pub, 2)  # the first of them found the pool in agreement and planned nothing
+    agreed = len(planned)
+    for _ in range(3):
+        pub.trigger()
+    wait_syncs(pub, 3)  # triggers and resyncs
+    assert len(planned) == agreed
+
+    devices.set(base[:10])
+    pub.trigger()
+    assert _poll(lambda: published_names(srv) == [f"gpu-{i:04d}" for i in range(10)])
+    devices.set(base)  # the very devices of the agreement, but the live slices changed since
+    pub.trigger()
+    assert _poll(lambda: published_names(srv) == [f"gpu-{i:04d}" for i in range(20)])
+    assert pub.wait_synced(DEADLINE)
+    (s,) = live_slices(srv)
+    srv.delete("resourceslices", s["metadata"]["name"], None)  # and a change of the live slices alone
+    assert _poll(lambda: published_names(srv) == [f"gpu-{i:04d}" for i in range(20)])
 
 
 def test_one_device_change_is_one_write(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from driver.config import NicExclusions
-from driver.discovery import netlink, rtnl
+from driver.discovery import netlink, nic_sysfs, rtnl
 from driver.discovery.nic import ABSENT_STATE, NicDiscovery
 from driver.discovery.nic_device import device_name
 from driver.discovery.nic_scan import NicDiscoveryError
@@ -312,6 +312,27 @@ def test_malformed_sysfs_skips_that_nic_only(node: Node, caplog) -> None:
     assert "not a number" in caplog.text and "not a PCI ID" in caplog.text
 
 
+def test_read_takes_a_whole_file_and_fails_as_read_text_does(tmp_path: Path) -> None:
+    """Discovery and NIC health read every sysfs file through `read`: to the end (a file of a
+    test tree may be longer than an attribute's page), stripped, and failing as `Path.read_text`
+    fails, naming the file, so every caller's handling of a broken entry still holds."""
+    long = tmp_path / "long"
+    long.write_text(" " + "x" * 10_000 + "\n")
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    garbled = tmp_path / "garbled"
+    garbled.write_bytes(b"\xff\xfe4: ACTIVE\n")
+    assert nic_sysfs.read(long) == "x" * 10_000 and nic_sysfs.read(str(long)) == "x" * 10_000
+    assert nic_sysfs.read(empty) == ""
+    for broken in (tmp_path / "absent", tmp_path, garbled):
+        with pytest.raises(Exception) as ours:
+            nic_sysfs.read(broken)
+        with pytest.raises(Exception) as theirs:
+            broken.read_text()
+        assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+    assert isinstance(ours.value, nic_sysfs.BROKEN)
+
+
 SIM_ADDRESSES = sim_nics.SIM_ADDRESSES_FILE
 
 
@@ -554,9 +575,7 @@ def test_flaps_between_two_looks_restart_the_hold(tmp_path: Path) -> None:
     sysfs, dev = tmp_path / "sys", tmp_path / "dev"
     render_nic(nic, sysfs, dev)
     now, events = [0.0], [0]
-    disc = NicDiscovery(
-        sysfs, netlink=False, link_hold=2.0, clock=lambda: now[0], link_events=lambda _name: events[0]
-    )
+    disc = NicDiscovery(sysfs, netlink=False, link_hold=2.0, clock=lambda: now[0], link_events=lambda _name: events[0])
     assert disc.discover()[0].attributes["state"] == "up"
     (sysfs / "class/net" / nic.ifname / "operstate").write_text("down\n")
     disc.discover()  # candidate "down" from t=0

@@ -6,6 +6,7 @@ import importlib.util
 import inspect
 import os
 import stat
+import struct
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ctypes import c_uint
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -316,17 +318,27 @@ def test_fake_events(fake: tuple[ModuleType, Path]) -> None:
     pynvml.nvmlShutdown()
 
 
-def test_fake_event_wait_blocks_until_an_event_or_a_lost_gpu_wakes_it(
-    fake: tuple[ModuleType, Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """As the real wait blocks in the driver, the fake's sleeps until a file changes: no polling
-    (which cost the daemon 1 % of a core at idle), and a new event or a lost GPU wakes it at once."""
+@pytest.fixture
+def quiet_set(fake: tuple[ModuleType, Path]) -> tuple[ModuleType, Path, NodeProfile, Any]:
+    """The fake on two GPUs and an event set for GPU 1's XIDs whose first wait found nothing."""
     pynvml, state = fake
     profile = h100_node(gpus=2, nics=0)
     sim_nvml.write_state(profile, state)
     pynvml.nvmlInit()
     events = pynvml.nvmlEventSetCreate()
     pynvml.nvmlDeviceRegisterEvents(pynvml.nvmlDeviceGetHandleByIndex(1), pynvml.nvmlEventTypeXidCriticalError, events)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(events, 0)
+    return pynvml, state, profile, events
+
+
+def test_fake_event_wait_blocks_until_an_event_or_a_lost_gpu_wakes_it(
+    quiet_set: tuple[ModuleType, Path, NodeProfile, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As the real wait blocks in the driver, the fake's sleeps until a file changes: no polling
+    (which cost the daemon 1 % of a core at idle), no look at the files while they stay as they
+    were, and a new event or a lost GPU wakes it at once."""
+    pynvml, state, profile, events = quiet_set
     looks = 0
     current = pynvml._current
 
@@ -345,11 +357,12 @@ def test_fake_event_wait_blocks_until_an_event_or_a_lost_gpu_wakes_it(
 
     with ThreadPoolExecutor(1) as pool:
         writer = pool.submit(write_beside)
-        with pytest.raises(pynvml.NVMLError_Timeout):
-            pynvml.nvmlEventSetWait_v2(events, 300)
+        for timeout_ms in (300, 100):
+            with pytest.raises(pynvml.NVMLError_Timeout):
+                pynvml.nvmlEventSetWait_v2(events, timeout_ms)
         done.set()
         writer.result()
-    assert looks <= 2  # one look before the wait, one after it timed out: nothing in between
+    assert looks == 0  # nothing changed since the last look: a waiter in a loop pays only the wake
 
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(pynvml.nvmlEventSetWait_v2, events, 60_000)
@@ -360,8 +373,53 @@ def test_fake_event_wait_blocks_until_an_event_or_a_lost_gpu_wakes_it(
         sim_nvml.write_state(profile, state)
         with pytest.raises(pynvml.NVMLError_GpuIsLost):
             waiting.result(timeout=30)
-    pynvml.nvmlEventSetFree(events)
+
+
+def test_fake_event_wait_misses_nothing_that_changed_between_two_waits(
+    quiet_set: tuple[ModuleType, Path, NodeProfile, Any],
+) -> None:
+    """A set that found nothing skips its look only while the files stay as they were: events
+    raised, a GPU lost or NVML shut down between two waits are seen by the next one."""
+    pynvml, state, profile, events = quiet_set
+    xid = pynvml.nvmlEventTypeXidCriticalError
+    sim_nvml.append_event(state, profile.gpus[1].uuid, xid, 79)  # while nobody waits
+    sim_nvml.append_event(state, profile.gpus[1].uuid, xid, 48)
+    assert pynvml.nvmlEventSetWait_v2(events, 0).eventData == 79
+    assert pynvml.nvmlEventSetWait_v2(events, 0).eventData == 48  # the rest of a burst
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(events, 0)
+    profile.gpus[1].lost = True
+    sim_nvml.write_state(profile, state)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):
+        pynvml.nvmlEventSetWait_v2(events, 0)
+    with pytest.raises(pynvml.NVMLError_GpuIsLost):  # for as long as it is lost
+        pynvml.nvmlEventSetWait_v2(events, 0)
+    profile.gpus[1].lost = False
+    sim_nvml.write_state(profile, state)
+    with pytest.raises(pynvml.NVMLError_Timeout):
+        pynvml.nvmlEventSetWait_v2(events, 0)
     pynvml.nvmlShutdown()
+    with pytest.raises(pynvml.NVMLError_Uninitialized):
+        pynvml.nvmlEventSetWait_v2(events, 0)
+
+
+def test_fake_event_wait_looks_again_after_the_kernel_dropped_notifications(
+    quiet_set: tuple[ModuleType, Path, NodeProfile, Any],
+) -> None:
+    """An inotify queue that overflowed may have dropped the events file's notification: a quiet
+    set looks again rather than sleep through an event."""
+    pynvml, state, profile, events = quiet_set
+    watch, (dropped, kernel) = events.changes._fd, os.pipe()
+    os.set_blocking(dropped, False)
+    events.changes._fd = dropped  # the kernel's queue: nothing but its overflow notice
+    try:
+        sim_nvml.append_event(state, profile.gpus[1].uuid, pynvml.nvmlEventTypeXidCriticalError, 79)
+        os.write(kernel, struct.pack("=iIII", -1, 0x4000, 0, 0))  # wd, IN_Q_OVERFLOW, cookie, len
+        assert pynvml.nvmlEventSetWait_v2(events, 0).eventData == 79
+    finally:
+        events.changes._fd = watch
+        os.close(dropped)
+        os.close(kernel)
 
 
 def test_env_for_makes_a_child_process_load_the_fake(tmp_path: Path) -> None:

@@ -222,6 +222,8 @@ def test_taint_time_and_empty_fields_ignored_but_content_is_not() -> None:
     b["spec"]["devices"][0]["taints"][0]["value"] = ""
     b["spec"]["devices"][1]["capacity"] = {}
     b["spec"]["devices"][1]["taints"] = None
+    b["spec"]["devices"][1]["bindingConditions"] = []
+    b["spec"]["devices"][1]["nodeSelector"] = {"nodeSelectorTerms": None}  # empty once pruned: omitted
     b["spec"]["allNodes"] = None
     assert slice_spec_equal(a["spec"], b["spec"])
     b["spec"]["devices"][0]["taints"][0]["effect"] = "NoExecute"
