@@ -361,7 +361,9 @@ def driver_main(argv: Sequence[str] | None = None) -> int:
             from demo.story import run_demo
         except ModuleNotFoundError as e:
             # The image leaves the simulation out: say so in one line, not with a traceback.
-            print(f"tandem-driver demo: the demo runs from a checkout of Tandem, not this install ({e})", file=sys.stderr)
+            print(
+                f"tandem-driver demo: the demo runs from a checkout of Tandem, not this install ({e})", file=sys.stderr
+            )
             return 2
 
         return run_demo(keep=ns.keep, verbose=ns.verbose)

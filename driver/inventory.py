@@ -19,6 +19,7 @@ from driver.resource_api import MAX_TAINTS
 
 log = logging.getLogger(__name__)
 
+
 def apply_conditions(device: Device, conditions: Iterable[Condition]) -> Device:
     """The device as published: one taint per (key, value, effect), health from the conditions."""
     conds = sorted(set(conditions), key=lambda c: (c.key, c.value, c.effect))

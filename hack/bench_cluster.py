@@ -21,7 +21,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARE_GRPC = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
-METRIC = re.compile(r'^(dra_\w+_duration_seconds)_(sum|count)\{([^}]*)\} (\S+)$')
+METRIC = re.compile(r"^(dra_\w+_duration_seconds)_(sum|count)\{([^}]*)\} (\S+)$")
 
 
 def _cluster_env() -> dict[str, str] | None:
@@ -118,10 +118,16 @@ def bench_pod_start(pods: int = 20) -> dict[str, Any]:
             before = _kubelet_prepare_seconds(core, node)
             for i in range(pods):
                 name = f"{label.replace('_', '-')}-{i}"
-                times.append(_one_pod_start(core, watch, namespace, _pod(name, label.replace("_", "-"), env["TANDEM_TEST_IMAGE"])))
+                times.append(
+                    _one_pod_start(
+                        core, watch, namespace, _pod(name, label.replace("_", "-"), env["TANDEM_TEST_IMAGE"])
+                    )
+                )
                 _delete_and_wait(core, watch, namespace, name)
             after = _kubelet_prepare_seconds(core, node)
-            grpc_ms = 1000 * (after["grpc_sum"] - before["grpc_sum"]) / max(1, after["grpc_count"] - before["grpc_count"])
+            grpc_ms = (
+                1000 * (after["grpc_sum"] - before["grpc_sum"]) / max(1, after["grpc_count"] - before["grpc_count"])
+            )
             op_ms = 1000 * (after["op_sum"] - before["op_sum"]) / max(1, after["op_count"] - before["op_count"])
             p50 = statistics.median(times) * 1000
             out[label] = {

@@ -321,9 +321,7 @@ class KubeletSim:
             try:
                 info = stub.GetInfo(reg_pb2.InfoRequest(), timeout=_REGISTRATION_TIMEOUT_S)
             except grpc.RpcError as err:
-                raise RegistrationError(
-                    f"GetInfo on {reg_socket}: {err.code().name}: {err.details()}"
-                ) from err
+                raise RegistrationError(f"GetInfo on {reg_socket}: {err.code().name}: {err.details()}") from err
             try:
                 result = validate_plugin_info(info)
             except RegistrationError as err:
@@ -371,9 +369,7 @@ class KubeletSim:
             for uid, r in response.claims.items()
         }
 
-    def unprepare(
-        self, claims: Sequence[ClaimRef], version: str = "v1", timeout: float = 45
-    ) -> dict[str, str]:
+    def unprepare(self, claims: Sequence[ClaimRef], version: str = "v1", timeout: float = 45) -> dict[str, str]:
         """NodeUnprepareResources; error text per claim UID, "" for success."""
         pb, stub_cls, service = self._api(_DRA_API, version, "DRAPlugin")
         stub = stub_cls(self._dra_channel(service))

@@ -122,7 +122,9 @@ def allocate(
         else:
             claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
             # The claim's own opaque config goes with the allocation, as the allocator copies it.
-            config = [{"source": "FromClaim", **c} for c in (claim.get("spec") or {}).get("devices", {}).get("config") or []]
+            config = [
+                {"source": "FromClaim", **c} for c in (claim.get("spec") or {}).get("devices", {}).get("config") or []
+            ]
             claim.setdefault("status", {})["allocation"] = {
                 "devices": {
                     "results": [

@@ -68,24 +68,28 @@ def write_archive(name: str, rootfs: Path, entrypoint: list[str], cmd: list[str]
         config_bytes = _json(config)
         config_digest = _blob(tar, config_bytes)
         layer_digest = _blob(tar, compressed)
-        manifest = _json({
-            "schemaVersion": 2,
-            "mediaType": OCI_MANIFEST,
-            "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
-            "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(compressed)}],
-        })
+        manifest = _json(
+            {
+                "schemaVersion": 2,
+                "mediaType": OCI_MANIFEST,
+                "config": {"mediaType": OCI_CONFIG, "digest": config_digest, "size": len(config_bytes)},
+                "layers": [{"mediaType": OCI_LAYER, "digest": layer_digest, "size": len(compressed)}],
+            }
+        )
         manifest_digest = _blob(tar, manifest)
         index = {
             "schemaVersion": 2,
             "mediaType": OCI_INDEX,
-            "manifests": [{
-                "mediaType": OCI_MANIFEST,
-                "digest": manifest_digest,
-                "size": len(manifest),
-                "platform": {"architecture": "amd64", "os": "linux"},
-                # containerd names the imported image after this annotation.
-                "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name},
-            }],
+            "manifests": [
+                {
+                    "mediaType": OCI_MANIFEST,
+                    "digest": manifest_digest,
+                    "size": len(manifest),
+                    "platform": {"architecture": "amd64", "os": "linux"},
+                    # containerd names the imported image after this annotation.
+                    "annotations": {"io.containerd.image.name": name, "org.opencontainers.image.ref.name": name},
+                }
+            ],
         }
         for member, data in (("oci-layout", _json({"imageLayoutVersion": "1.0.0"})), ("index.json", _json(index))):
             info = tarfile.TarInfo(member)

@@ -57,9 +57,7 @@ class Tandem:
 
     def healthy(self) -> bool:
         """Registered with the kubelet and serving, as `tandemctl health` judges it."""
-        proc = subprocess.run(
-            [TANDEMCTL, "health"], capture_output=True, timeout=30
-        )
+        proc = subprocess.run([TANDEMCTL, "health"], capture_output=True, timeout=30)
         return proc.returncode == 0
 
     def start(self, *flags: str) -> None:

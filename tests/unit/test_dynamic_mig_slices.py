@@ -64,7 +64,9 @@ def test_every_placement_and_the_whole_gpu_are_published(node: tuple[ModuleType,
     devices = discover(root)
     gpu0 = {n: d for n, d in devices.items() if n.startswith("gpu-0")}
     assert len(gpu0) == H100_DEVICES + 1 and "gpu-1" in devices  # GPU 1 is not in MIG mode: as before
-    assert sorted(n for n in gpu0 if n.startswith("gpu-0-mig-1g-20gb")) == [f"gpu-0-mig-1g-20gb-p{s}" for s in (0, 2, 4, 6)]
+    assert sorted(n for n in gpu0 if n.startswith("gpu-0-mig-1g-20gb")) == [
+        f"gpu-0-mig-1g-20gb-p{s}" for s in (0, 2, 4, 6)
+    ]
     p = gpu0["gpu-0-mig-3g-40gb-p4"]
     assert p.kind is DeviceKind.MIG and p.gpu is not None
     assert p.attributes["profile"] == "3g.40gb" and p.attributes["parentUUID"] == profile.gpus[0].uuid

@@ -239,9 +239,7 @@ def test_register_prefers_v1_regardless_of_advertised_order(start_plugin: Any, k
 
 
 def test_register_falls_back_to_v1beta1_and_no_health(start_plugin: Any, kubelet: KubeletSim) -> None:
-    plugin = start_plugin(
-        supported_versions=["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v2.DRAPlugin"]
-    )
+    plugin = start_plugin(supported_versions=["v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth", "v2.DRAPlugin"])
 
     info = kubelet.register(plugin.reg_socket)
 
@@ -304,9 +302,7 @@ def test_prepare_v1_converts_devices_errors_and_share_id(start_plugin: Any, kube
     }
 
 
-def test_prepare_and_unprepare_v1beta1_use_the_v1beta1_service(
-    start_plugin: Any, kubelet: KubeletSim
-) -> None:
+def test_prepare_and_unprepare_v1beta1_use_the_v1beta1_service(start_plugin: Any, kubelet: KubeletSim) -> None:
     plugin = start_plugin()
     kubelet.register(plugin.reg_socket)
 
@@ -352,9 +348,7 @@ def test_empty_requests_succeed_with_empty_results(start_plugin: Any, kubelet: K
 
 
 @pytest.mark.parametrize("op", ["prepare", "unprepare"])
-def test_claim_left_out_of_response_is_a_protocol_error(
-    start_plugin: Any, kubelet: KubeletSim, op: str
-) -> None:
+def test_claim_left_out_of_response_is_a_protocol_error(start_plugin: Any, kubelet: KubeletSim, op: str) -> None:
     kubelet.register(start_plugin().reg_socket)
 
     with pytest.raises(ProtocolError, match="uid-dropped"):
@@ -396,9 +390,7 @@ def test_close_forgets_the_plugin(start_plugin: Any, sock_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("version", ["v1", "v1alpha1"])
-def test_watch_health_yields_snapshots_until_cancelled(
-    start_plugin: Any, kubelet: KubeletSim, version: str
-) -> None:
+def test_watch_health_yields_snapshots_until_cancelled(start_plugin: Any, kubelet: KubeletSim, version: str) -> None:
     kubelet.register(start_plugin().reg_socket)
     watch = kubelet.watch_health(version)
 

@@ -79,7 +79,15 @@ def test_profiles_ids_and_placements_of_an_h100(mig_node: tuple[ModuleType, Path
 
 def test_h200_and_a100_profile_names() -> None:
     # As real NVML lists them on an H200 (driver 580.159.04), and the A100 40GB of the MIG user guide.
-    assert [p.name for p in H200_MIG] == ["1g.18gb", "1g.18gb+me", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"]
+    assert [p.name for p in H200_MIG] == [
+        "1g.18gb",
+        "1g.18gb+me",
+        "1g.35gb",
+        "2g.35gb",
+        "3g.71gb",
+        "4g.71gb",
+        "7g.141gb",
+    ]
     assert [p.name for p in A100_40GB_MIG][::3] == ["1g.5gb", "2g.10gb", "7g.40gb"]
 
 

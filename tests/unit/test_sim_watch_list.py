@@ -52,9 +52,7 @@ def watch_list_events(srv: SimApiServer, query: str) -> list[dict[str, Any]]:
 def test_watch_list_sends_current_objects_then_the_end_bookmark(srv: SimApiServer) -> None:
     create_slice(srv, "node-a")
     create_slice(srv, "node-b")
-    events = watch_list_events(
-        srv, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true"
-    )
+    events = watch_list_events(srv, "sendInitialEvents=true&resourceVersionMatch=NotOlderThan&allowWatchBookmarks=true")
     assert [e["type"] for e in events] == ["ADDED", "ADDED", "BOOKMARK"]
     assert sorted(e["object"]["spec"]["nodeName"] for e in events[:2]) == ["node-a", "node-b"]
     last_rv = max(int(e["object"]["metadata"]["resourceVersion"]) for e in events[:2])
