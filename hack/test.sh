@@ -21,6 +21,7 @@ TANDEM_EXTRAS=test hack/venv.sh
 export PATH="$repo/.venv/bin:$PATH"
 hack/verify-proto.sh
 ruff check .
+ruff format --check .
 lint-imports
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null && [ "${TANDEM_E2E:-1}" != 0 ]; then
   # A cluster that fails to come up fails the cluster tests (with its log), not the others.
