@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,18 @@ import pytest
 from driver.cli import config_from_args, driver_main, driver_parser
 from driver.config import ConfigError, NicExclusions
 from driver.model import DeviceKind
+
+
+@pytest.fixture(autouse=True)
+def _daemon_logging_stays_in_its_test() -> Iterator[None]:
+    """`driver_main` installs the daemon's log handler on the root logger, bound to the stderr it
+    finds: this test's captured one, closed when the test ends. Left in place, every later log
+    line of any test's threads would fail to write ("I/O operation on closed file")."""
+    root, driver = logging.getLogger(), logging.getLogger("driver")
+    saved = (root.handlers[:], root.level, driver.level)
+    yield
+    root.handlers[:], root.level = saved[0], saved[1]
+    driver.setLevel(saved[2])
 
 
 def _config(argv, monkeypatch, env=None):
