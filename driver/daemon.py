@@ -74,6 +74,9 @@ from driver.time_slicing import TimeSliceError, TimeSlices
 log = logging.getLogger(__name__)
 
 SHUTDOWN_GRACE = 10.0  # seconds in-flight prepare/unprepare calls get to finish on SIGTERM
+# Seconds a prepare that made (or an unprepare that destroyed) a MIG partition waits for the GPU
+# rediscovery that records it; a slower NVML only makes the first XIDs land on the whole GPU.
+MIG_REDISCOVERY_WAIT = 5.0
 
 
 def _remove_stale_socket(path: Path) -> None:
@@ -315,9 +318,12 @@ class Daemon:
         return out
 
     def _rediscover_gpus(self) -> None:
+        """After a MIG partition was made or destroyed: the prepare (unprepare) answers only once
+        the inventory has the partition's GPU and compute instance IDs, so that an XID from the
+        pod's first instructions is pinned on its partition, not on every tenant of the GPU."""
         for source in self.sources:
             if source.name == "gpu":
-                source.trigger()
+                source.refresh(timeout=MIG_REDISCOVERY_WAIT)
 
     def _owned_placements(self) -> set[MigPlacement]:
         """The GPU instances Tandem made or is making (dynamic MIG), as the checkpoint records them."""

@@ -42,6 +42,8 @@ class RefreshLoop:
         self._wake = threading.Event()
         self._first_run = threading.Event()
         self._stop = threading.Event()
+        self._runs = threading.Condition()
+        self._started = self._finished = 0  # discoveries of the thread: the last started, finished
         self._thread = threading.Thread(target=self._run, name=f"discover-{name}", daemon=True)
         self.last_error = ""
 
@@ -56,9 +58,25 @@ class RefreshLoop:
         """Rediscover now (hot-plug, driver reload, a netlink event)."""
         self._wake.set()
 
+    def refresh(self, timeout: float) -> bool:
+        """Rediscover now and wait until a discovery that started after this call has put its
+        devices into the inventory: for whoever changed the devices itself (a MIG partition made or
+        destroyed by a prepare) and must not answer before the inventory knows. False after
+        `timeout`, or at once when the loop's thread is not running (start-up, stop) or is the caller."""
+        if not self._thread.is_alive() or threading.current_thread() is self._thread:
+            self.trigger()
+            return False
+        with self._runs:
+            target = self._started + 1  # one running now started before this call
+            self._wake.set()
+            done = self._runs.wait_for(lambda: self._finished >= target or self._stop.is_set(), timeout)
+            return done and not self._stop.is_set()
+
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+        with self._runs:
+            self._runs.notify_all()
         self._thread.join(timeout=5)
 
     def run_once(self) -> float:
@@ -84,7 +102,13 @@ class RefreshLoop:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            with self._runs:
+                self._started += 1
+                run = self._started
             wait = self.run_once()
+            with self._runs:
+                self._finished = run
+                self._runs.notify_all()
             self._first_run.set()
             self._wake.wait(timeout=wait)
             self._wake.clear()
