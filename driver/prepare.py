@@ -279,9 +279,8 @@ class Preparer:
         # apply beside the files (module docstring).
         if self._nic_homes is not None:
             self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
-        status = status_entries(
-            self._s, _with_network_data(tuple(records), p.planned), rfc3339(), current_devices(p.claim)
-        )
+        networked = _with_network_data(tuple(records), p.planned)  # the status's and the record's
+        status = status_entries(self._s, networked, rfc3339(), current_devices(p.claim))
         applying = self._status_exec.submit(
             self._api.apply_claim_status,
             ref.namespace,
@@ -298,7 +297,7 @@ class Preparer:
             # land after the Unprepare that follows, and leave a Ready status on an unprepared claim.
             wait([applying])
         applying.result()
-        done = _with_network_data(_with_cdi_ids(records, ids, metadata_ids), p.planned)
+        done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
             self._check_still_prepared(ref, claims, STATE_STARTED)
             claims[ref.uid] = ClaimRecord(
@@ -427,7 +426,7 @@ def _with_network_data(records: tuple[DeviceRecord, ...], planned: list[PlannedD
 
 
 def _with_cdi_ids(
-    records: list[DeviceRecord], ids: dict[str, list[str]], metadata_ids: dict[str, str]
+    records: Sequence[DeviceRecord], ids: dict[str, list[str]], metadata_ids: dict[str, str]
 ) -> tuple[DeviceRecord, ...]:
     """Claim-spec IDs per device (one per share ID, in order), plus the metadata IDs."""
     remaining = {name: list(v) for name, v in ids.items()}

@@ -40,7 +40,6 @@ class RefreshLoop:
         self._wake_at = wake_at
         self._retry = Retry(backoff or Backoff())
         self._wake = threading.Event()
-        self._first_run = threading.Event()
         self._stop = threading.Event()
         self._runs = threading.Condition()
         self._started = self._finished = 0  # discoveries of the thread: the last started, finished
@@ -52,7 +51,8 @@ class RefreshLoop:
 
     def wait_first_run(self, timeout: float) -> bool:
         """True once the first discovery has finished (successfully or not)."""
-        return self._first_run.wait(timeout)
+        with self._runs:
+            return self._runs.wait_for(lambda: self._finished >= 1, timeout)
 
     def trigger(self) -> None:
         """Rediscover now (hot-plug, driver reload, a netlink event)."""
@@ -109,7 +109,6 @@ class RefreshLoop:
             with self._runs:
                 self._finished = run
                 self._runs.notify_all()
-            self._first_run.set()
             self._wake.wait(timeout=wait)
             self._wake.clear()
 
