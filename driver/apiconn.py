@@ -105,6 +105,45 @@ class Response:
             conn.close()
 
 
+class Sent:
+    """A request on the wire whose answer is not read yet. A prepare sends the claim-status apply,
+    writes its files while the server works, then reads the answer: the overlap of a second
+    thread, without handing the work to one."""
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        conn: http.client.HTTPConnection,
+        reused: bool,
+        request: tuple[str, str, bytes | None, dict[str, str], float | None],
+    ) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._reused = reused
+        self._request = request
+
+    def response(self) -> Response:
+        """The answer, its body unread (call once). A kept connection the server closed as the
+        request went out is answered by sending it again on a new one, unless it was a POST."""
+        conn = self._conn
+        try:
+            return Response(self._pool, conn, conn.getresponse())
+        except _STALE:
+            conn.close()
+            if not self._reused or self._request[0] == "POST":
+                raise
+        except BaseException:
+            conn.close()
+            raise
+        conn = self._pool._connect()
+        self._pool._write(conn, *self._request)
+        try:
+            return Response(self._pool, conn, conn.getresponse())
+        except BaseException:
+            conn.close()
+            raise
+
+
 class ConnectionPool:
     """Connections to `server` (scheme://host[:port]); thread-safe."""
 
@@ -124,25 +163,28 @@ class ConnectionPool:
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
+    def send(
+        self, method: str, target: str, body: bytes | None, headers: dict[str, str], read_timeout: float | None = None
+    ) -> Sent:
+        """Send `method target` (path and query) now; its answer is read by `Sent.response`, so the
+        caller can work while the server does. Raises what the socket, TLS or HTTP layer raises;
+        the caller turns that into its own errors."""
+        conn, reused = self._get()
+        try:
+            self._write(conn, method, target, body, headers, read_timeout)
+        except _STALE:
+            if not reused or method == "POST":
+                raise
+            # The server closed the kept connection as we sent: once more, on a new one.
+            conn, reused = self._connect(), False
+            self._write(conn, method, target, body, headers, read_timeout)
+        return Sent(self, conn, reused, (method, target, body, headers, read_timeout))
+
     def request(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], read_timeout: float | None = None
     ) -> Response:
-        """Send `method target` (path and query); the answer with its body unread. Raises what
-        the socket, TLS or HTTP layer raises; the caller turns that into its own errors."""
-        conn, reused = self._get()
-        try:
-            return self._send(conn, method, target, body, headers, read_timeout)
-        except _STALE:
-            conn.close()
-            if not reused or method == "POST":
-                raise
-        # The server closed the kept connection as we sent: once more, on a new one.
-        conn = self._connect()
-        try:
-            return self._send(conn, method, target, body, headers, read_timeout)
-        except BaseException:
-            conn.close()
-            raise
+        """`send`, then its answer with the body unread."""
+        return self.send(method, target, body, headers, read_timeout).response()
 
     def put(self, conn: http.client.HTTPConnection, reusable: bool) -> None:
         with self._lock:
@@ -157,7 +199,7 @@ class ConnectionPool:
         for conn in idle:
             conn.close()
 
-    def _send(
+    def _write(
         self,
         conn: http.client.HTTPConnection,
         method: str,
@@ -165,17 +207,17 @@ class ConnectionPool:
         body: bytes | None,
         headers: dict[str, str],
         read_timeout: float | None,
-    ) -> Response:
-        if conn.sock is None:
-            conn.connect()
-            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sock.settimeout(read_timeout or self._timeouts.read)
-        if self._proxy is not None and not self._https:
-            target = self._server + target  # a plain-HTTP proxy takes the absolute URL
-            headers = {**headers, **_proxy_auth(self._proxy)}
+    ) -> None:
+        """Put the request on the wire (connecting first when `conn` is new); `conn` is closed if that fails."""
         try:
+            if conn.sock is None:
+                conn.connect()
+                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sock.settimeout(read_timeout or self._timeouts.read)
+            if self._proxy is not None and not self._https:
+                target = self._server + target  # a plain-HTTP proxy takes the absolute URL
+                headers = {**headers, **_proxy_auth(self._proxy)}
             conn.request(method, target, body=body, headers=headers)
-            return Response(self, conn, conn.getresponse())
         except BaseException:
             conn.close()
             raise

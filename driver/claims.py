@@ -29,6 +29,16 @@ class ClaimRef:
     uid: str
 
 
+class PendingApply(Protocol):
+    """A status apply sent, its answer not read yet (`driver.kubeapi.Pending`)."""
+
+    def wait(self) -> Exception | None:
+        """Read the answer: the server is done with the apply when this returns. Its error, if any."""
+
+    def result(self) -> None:
+        """`wait`, raising the error."""
+
+
 class ClaimAPI(Protocol):
     """What the prepare path needs of the API server (`driver.kubeapi.KubeAPI`)."""
 
@@ -39,6 +49,12 @@ class ClaimAPI(Protocol):
     ) -> None:
         """`uid` is required: with it the server refuses to write to a claim that was deleted and
         recreated under the same name, so a late call about the old claim cannot touch the new one."""
+
+    def send_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+    ) -> PendingApply:
+        """`apply_claim_status`, sent now and answered later, so that a prepare's files are written
+        while the server applies."""
 
 
 class ClaimError(Exception):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
-from driver.apiconn import ConnectionPool, Response, Timeouts
+from driver.apiconn import ConnectionPool, Response, Sent, Timeouts
 from driver.kubeconfig import ConfigError, cluster_access
 from driver.resource_api import API_VERSION
 
@@ -167,6 +167,41 @@ def _discard(resp: Response) -> None:
     resp.read()
 
 
+def _answer(sent: Sent, what: str) -> Response:
+    """The answer to `sent` when it is 2xx (body unread); any other outcome as an `ApiError`."""
+    try:
+        resp = sent.response()
+    except Exception as exc:
+        raise _error_from(exc, what) from exc
+    if not 200 <= resp.status < 300:
+        raise _status_error(resp, what)
+    return resp
+
+
+class Pending:
+    """A request sent whose answer is read later: `wait` reads it (the server is done with the
+    request once it returns) and keeps its error, `result` raises that error."""
+
+    def __init__(self, sent: Sent, what: str) -> None:
+        self._sent: Sent | None = sent
+        self._what = what
+        self._error: ApiError | None = None
+
+    def wait(self) -> ApiError | None:
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            try:
+                _discard(_answer(sent, self._what))
+            except Exception as exc:
+                self._error = _error_from(exc, self._what)
+        return self._error
+
+    def result(self) -> None:
+        error = self.wait()
+        if error is not None:
+            raise error
+
+
 def _slice_selector(node_name: str, driver: str) -> str:
     return f"spec.nodeName={node_name},spec.driver={driver}"
 
@@ -204,6 +239,18 @@ class KubeAPI:
     ) -> Response:
         """Send one request; the response (body unread) when the server answered 2xx. `body` is
         sent as JSON (a JSON document is also valid YAML, for apply patches)."""
+        return _answer(self._send(method, path, what, query, body, content_type, read_timeout), what)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        read_timeout: float | None = None,
+    ) -> Sent:
         target = path + (f"?{urlencode(query)}" if query else "")
         try:
             headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
@@ -214,12 +261,9 @@ class KubeAPI:
             if body is not None:
                 data = json.dumps(body, separators=(",", ":")).encode()
                 headers["Content-Type"] = content_type
-            resp = self._pool.request(method, target, data, headers, read_timeout)
+            return self._pool.send(method, target, data, headers, read_timeout)
         except Exception as exc:
             raise _error_from(exc, what) from exc
-        if not 200 <= resp.status < 300:
-            raise _status_error(resp, what)
-        return resp
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -251,6 +295,13 @@ class KubeAPI:
         `uid` makes the server refuse (409) to apply to a claim that was deleted and recreated
         under the same name: a late call about the old claim must not rewrite the new one.
         """
+        self.send_claim_status(namespace, name, devices, field_manager, uid=uid).result()
+
+    def send_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+    ) -> Pending:
+        """`apply_claim_status`, sent now and answered by `Pending.result`: a prepare writes its
+        files while the server applies."""
         what = f"apply status of claim {namespace}/{name}"
         body = {
             "apiVersion": API_VERSION,
@@ -258,15 +309,9 @@ class KubeAPI:
             "metadata": {"name": name, "namespace": namespace, "uid": uid},
             "status": {"devices": devices},
         }
-        resp = self._request(
-            "PATCH",
-            _claim_path(namespace, name) + "/status",
-            what,
-            query={"fieldManager": field_manager, "force": "true"},
-            body=body,
-            content_type="application/apply-patch+yaml",
-        )
-        _discard(resp)
+        query = {"fieldManager": field_manager, "force": "true"}
+        path = _claim_path(namespace, name) + "/status"
+        return Pending(self._send("PATCH", path, what, query, body, "application/apply-patch+yaml"), what)
 
     # -- slices ------------------------------------------------------------------------------
 

@@ -20,9 +20,10 @@ claim of the same name.
 
 What goes into the claim status is `driver.claim_status`; keeping it current when a NIC's
 addresses change later is `driver.claim_refresh`. The status apply is a round trip to the API
-server that depends on nothing written here, so it runs beside the file writes of phase 2 (and the
-status withdrawal beside the file removals of unprepare), and the call waits for both: the claim's
-status is as true when the kubelet gets the answer as if they had run one after the other.
+server that depends on nothing written here, so it is sent before the file writes of phase 2 and
+its answer read after them (the status withdrawal likewise around the file removals of
+unprepare): the server works while we write, on the calling thread, and the claim's status is as
+true when the kubelet gets the answer as if they had run one after the other.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,7 @@ from driver.claims import (
     ClaimError,
     ClaimLocks,
     ClaimRef,
+    PendingApply,
     PrepareSettings,
     allocated_devices,
     validate_ref,
@@ -113,15 +115,10 @@ class Preparer:
         self._driver_files = driver_files
         self._files = files
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
-        # Status applies and withdrawals, each beside its own call's file work (module docstring);
-        # a pool of its own, so that a call running on a claim-pool worker never waits for a slot
-        # of the pool it holds.
-        self._status_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim-status")
         self.claim_locks = ClaimLocks()
 
     def close(self) -> None:
         self._pool_exec.shutdown(wait=True, cancel_futures=True)
-        self._status_exec.shutdown(wait=True, cancel_futures=True)
 
     def prepare(self, refs: Sequence[ClaimRef], alive: Callable[[], bool] = lambda: True) -> dict[str, PrepareResult]:
         """The claims of one call, prepared together (module docstring). The claim locks cover the
@@ -276,26 +273,21 @@ class Preparer:
                     self._check_still_prepared(ref, claims, STATE_COMPLETED)
             return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply), the
-        # apply beside the files (module docstring).
+        # files written while the server applies (module docstring).
         if self._nic_homes is not None:
             self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
         networked = _with_network_data(tuple(records), p.planned)  # the status's and the record's
         status = status_entries(self._s, networked, rfc3339(), current_devices(p.claim))
-        applying = self._status_exec.submit(
-            self._api.apply_claim_status,
-            ref.namespace,
-            ref.name,
-            status,
-            field_manager=self._s.driver_name,
-            uid=ref.uid,
+        applying = self._api.send_claim_status(
+            ref.namespace, ref.name, status, field_manager=self._s.driver_name, uid=ref.uid
         )
         try:
             self._files.write_spec(ref.uid, spec)
             metadata_ids = self._write_metadata(ref, p.claim, p.planned, p.ctx, pod_devices)
         finally:
-            # Waited for even when a file failed: an apply landing after this call returned could
+            # Answered even when a file failed: an apply landing after this call returned could
             # land after the Unprepare that follows, and leave a Ready status on an unprepared claim.
-            wait([applying])
+            applying.wait()
         applying.result()
         done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
@@ -376,13 +368,14 @@ class Preparer:
                 # touches a new claim of the same name. The files go even without a record: the
                 # kubelet says the claim is no longer needed, whatever the checkpoint lost.
                 record = self._checkpoint.read().get(ref.uid)
-                # Our status entries are withdrawn beside the file removals (module docstring).
-                clearing = None if record is None else self._status_exec.submit(self._clear_status, ref, ctx)
+                # Our status entries are withdrawn while the files go (module docstring).
+                clearing = None if record is None else self._send_clear(ref, ctx)
                 try:
                     self._files.remove(ref.uid)
                 finally:
-                    if clearing is not None:
-                        wait([clearing])
+                    not_cleared = None if clearing is None else clearing.wait()
+                if not_cleared is not None:
+                    log.info("claim status not cleared (%s); it goes with the claim", not_cleared, extra=ctx)
                 if record is None:
                     log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""
@@ -398,12 +391,15 @@ class Preparer:
                 log.exception("unprepare failed", extra=ctx)
                 return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
 
-    def _clear_status(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
-        """Withdraw our status.devices entries; the claim may already be gone, which is fine."""
+    def _send_clear(self, ref: ClaimRef, ctx: dict[str, str]) -> PendingApply | None:
+        """Send the withdrawal of our status.devices entries; the claim may already be gone, which is fine."""
         try:
-            self._api.apply_claim_status(ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid)
+            return self._api.send_claim_status(
+                ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid
+            )
         except Exception as e:
             log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
+            return None
 
 
 def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:

@@ -12,6 +12,7 @@ chosen file. A corrupt checkpoint must cost no claim that a pod still uses.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import textwrap
 import threading
@@ -68,10 +69,11 @@ class Node:
         return json.loads(path.read_text())["claims"] if path.exists() else {}
 
     def files_of(self, ref: ClaimRef) -> list[str]:
-        """The claim's CDI specs and device metadata; all of them are named by its UID."""
-        cdi = [p for p in self.node.cdi.iterdir() if ref.uid in p.name]
+        """The claim's CDI specs and device metadata; all of them are named by its UID. Read while
+        the daemon may be removing them: a directory that goes while it is walked holds nothing."""
+        cdi = [str(p) for p in self.node.cdi.iterdir() if ref.uid in p.name]
         meta = self.data_dir / "dra-device-metadata" / ref.uid
-        return sorted(str(p) for p in (*cdi, *meta.rglob("*")))
+        return sorted([*cdi, *(os.path.join(d, n) for d, dirs, files in os.walk(meta) for n in (*dirs, *files))])
 
     def specs_and_mounted_metadata(self, ref: ClaimRef) -> dict[Path, bytes]:
         """The claim's CDI specs and the metadata files they mount, with their content."""

@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,8 +113,33 @@ class FakeAPI:
                 claim["status"]["devices"] = copy.deepcopy(devices)
             self.applies.append((namespace, name, uid, len(devices)))
 
+    def send_claim_status(self, namespace: str, name: str, devices: list, field_manager: str, *, uid: str) -> _Sent:
+        return _Sent(lambda: self.apply_claim_status(namespace, name, devices, field_manager, uid=uid))
+
     def _in_flight(self, uid: str) -> _InFlight:
         return _InFlight(self, uid)
+
+
+class _Sent:
+    """An apply on the wire: the fake server carries it out when its answer is read, so an apply
+    held by `FakeAPI.hold` is one the server has not answered yet."""
+
+    def __init__(self, apply: Callable[[], None]) -> None:
+        self._apply: Callable[[], None] | None = apply
+        self._error: ApiError | None = None
+
+    def wait(self) -> ApiError | None:
+        apply, self._apply = self._apply, None
+        if apply is not None:
+            try:
+                apply()
+            except ApiError as e:
+                self._error = e
+        return self._error
+
+    def result(self) -> None:
+        if (error := self.wait()) is not None:
+            raise error
 
 
 class _InFlight:

@@ -133,6 +133,38 @@ def _closes_at_the_second_request(conn: socket.socket, index: int, srv: Scripted
     _keep_alive(conn, index, srv)
 
 
+def test_a_sent_request_reaches_the_server_before_its_answer_is_asked_for(scripted) -> None:
+    """`send` puts the request on the wire and returns: the server works while the caller does."""
+    received, answer = threading.Event(), threading.Event()
+
+    def answers_when_told(conn: socket.socket, _index: int, srv: Scripted) -> None:
+        srv.request(conn)
+        received.set()
+        answer.wait(5)
+        conn.sendall(_answer(b'{"applied":true}'))
+        _keep_alive(conn, _index, srv)
+
+    srv = scripted(answers_when_told)
+    pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
+    sent = pool.send("PATCH", "/status", b"{}", {})
+    assert received.wait(5), "the request did not reach the server before its answer was asked for"
+    answer.set()
+    assert sent.response().read() == b'{"applied":true}'
+    assert pool.request("GET", "/next", None, {}).read() == b"{}"
+    assert srv.connections == 1, "the connection of a sent request is kept as any other"
+    pool.close()
+
+
+def test_a_sent_patch_is_sent_again_when_the_server_closes_as_it_arrives(scripted) -> None:
+    srv = scripted(_closes_at_the_second_request)
+    pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
+    assert pool.request("GET", "/one", None, {}).read() == b"{}"
+    sent = pool.send("PATCH", "/two", b"{}", {})
+    assert sent.response().read() == b"{}"
+    assert srv.requests == [b"GET /one HTTP/1.1", b"PATCH /two HTTP/1.1", b"PATCH /two HTTP/1.1"]
+    pool.close()
+
+
 def test_a_get_is_sent_again_when_the_server_closes_as_it_arrives(scripted) -> None:
     srv = scripted(_closes_at_the_second_request)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)

@@ -83,9 +83,10 @@ def test_a_nic_address_change_keeps_the_ready_transition_time(tmp_path: Path, ho
     p.close()
 
 
+@pytest.mark.parametrize("method", ["apply_claim_status", "send_claim_status"])
 @pytest.mark.parametrize("api", [ClaimAPI, KubeAPI])
-def test_the_claim_status_apply_requires_the_claim_uid(api: type) -> None:
+def test_the_claim_status_apply_requires_the_claim_uid(api: type, method: str) -> None:
     """Without the UID the server cannot refuse an apply to a claim recreated under the same name."""
-    uid = inspect.signature(api.apply_claim_status).parameters["uid"]
+    uid = inspect.signature(getattr(api, method)).parameters["uid"]
     assert uid.kind == inspect.Parameter.KEYWORD_ONLY
     assert uid.default is inspect.Parameter.empty
