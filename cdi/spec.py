@@ -18,16 +18,23 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
+from cdi.decode import (
+    INT64,
+    UINT32,
+    boolean,
+    integer,
+    items,
+    object_fields,
+    string,
+    string_list,
+    string_map,
+    uint32_item,
+)
 from cdi.errors import SpecError, join
-
-INT64 = (-(2**63), 2**63 - 1)
-UINT32 = (0, 2**32 - 1)
-
-T = TypeVar("T")
 
 
 def _freeze(obj: object, **fields: Any) -> None:
@@ -65,19 +72,19 @@ class DeviceNode:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> DeviceNode:
-        obj = _object(
+        obj = object_fields(
             raw, path, ("path", "hostPath", "type", "major", "minor", "fileMode", "permissions", "uid", "gid")
         )
         return cls(
-            path=_str(obj, "path", path, required=True),
-            host_path=_str(obj, "hostPath", path),
-            type=_str(obj, "type", path),
-            major=_int(obj, "major", path, INT64),
-            minor=_int(obj, "minor", path, INT64),
-            file_mode=_int(obj, "fileMode", path, UINT32),
-            permissions=_str(obj, "permissions", path),
-            uid=_int(obj, "uid", path, UINT32),
-            gid=_int(obj, "gid", path, UINT32),
+            path=string(obj, "path", path, required=True),
+            host_path=string(obj, "hostPath", path),
+            type=string(obj, "type", path),
+            major=integer(obj, "major", path, INT64),
+            minor=integer(obj, "minor", path, INT64),
+            file_mode=integer(obj, "fileMode", path, UINT32),
+            permissions=string(obj, "permissions", path),
+            uid=integer(obj, "uid", path, UINT32),
+            gid=integer(obj, "gid", path, UINT32),
         )
 
 
@@ -101,12 +108,12 @@ class Mount:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> Mount:
-        obj = _object(raw, path, ("hostPath", "containerPath", "options", "type"))
+        obj = object_fields(raw, path, ("hostPath", "containerPath", "options", "type"))
         return cls(
-            host_path=_str(obj, "hostPath", path, required=True),
-            container_path=_str(obj, "containerPath", path, required=True),
-            options=_str_list(obj, "options", path),
-            type=_str(obj, "type", path),
+            host_path=string(obj, "hostPath", path, required=True),
+            container_path=string(obj, "containerPath", path, required=True),
+            options=string_list(obj, "options", path),
+            type=string(obj, "type", path),
         )
 
 
@@ -132,13 +139,13 @@ class Hook:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> Hook:
-        obj = _object(raw, path, ("hookName", "path", "args", "env", "timeout"))
+        obj = object_fields(raw, path, ("hookName", "path", "args", "env", "timeout"))
         return cls(
-            hook_name=_str(obj, "hookName", path, required=True),
-            path=_str(obj, "path", path, required=True),
-            args=_str_list(obj, "args", path),
-            env=_str_list(obj, "env", path),
-            timeout=_int(obj, "timeout", path, INT64),
+            hook_name=string(obj, "hookName", path, required=True),
+            path=string(obj, "path", path, required=True),
+            args=string_list(obj, "args", path),
+            env=string_list(obj, "env", path),
+            timeout=integer(obj, "timeout", path, INT64),
         )
 
 
@@ -171,13 +178,13 @@ class IntelRdt:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> IntelRdt:
-        obj = _object(raw, path, ("closID", "l3CacheSchema", "memBwSchema", "schemata", "enableMonitoring"))
+        obj = object_fields(raw, path, ("closID", "l3CacheSchema", "memBwSchema", "schemata", "enableMonitoring"))
         return cls(
-            clos_id=_str(obj, "closID", path),
-            l3_cache_schema=_str(obj, "l3CacheSchema", path),
-            mem_bw_schema=_str(obj, "memBwSchema", path),
-            schemata=_str_list(obj, "schemata", path) if "schemata" in obj else None,
-            enable_monitoring=_bool(obj, "enableMonitoring", path),
+            clos_id=string(obj, "closID", path),
+            l3_cache_schema=string(obj, "l3CacheSchema", path),
+            mem_bw_schema=string(obj, "memBwSchema", path),
+            schemata=string_list(obj, "schemata", path) if "schemata" in obj else None,
+            enable_monitoring=boolean(obj, "enableMonitoring", path),
         )
 
 
@@ -193,10 +200,10 @@ class NetDevice:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> NetDevice:
-        obj = _object(raw, path, ("hostInterfaceName", "name"))
+        obj = object_fields(raw, path, ("hostInterfaceName", "name"))
         return cls(
-            host_interface_name=_str(obj, "hostInterfaceName", path, required=True),
-            name=_str(obj, "name", path, required=True),
+            host_interface_name=string(obj, "hostInterfaceName", path, required=True),
+            name=string(obj, "name", path, required=True),
         )
 
 
@@ -241,16 +248,18 @@ class ContainerEdits:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> ContainerEdits:
-        obj = _object(raw, path, ("env", "deviceNodes", "mounts", "hooks", "netDevices", "intelRdt", "additionalGids"))
+        obj = object_fields(
+            raw, path, ("env", "deviceNodes", "mounts", "hooks", "netDevices", "intelRdt", "additionalGids")
+        )
         rdt = obj.get("intelRdt")
         return cls(
-            env=_str_list(obj, "env", path),
-            device_nodes=_list(obj, "deviceNodes", path, DeviceNode.from_dict),
-            mounts=_list(obj, "mounts", path, Mount.from_dict),
-            hooks=_list(obj, "hooks", path, Hook.from_dict),
-            net_devices=_list(obj, "netDevices", path, NetDevice.from_dict),
+            env=string_list(obj, "env", path),
+            device_nodes=items(obj, "deviceNodes", path, DeviceNode.from_dict),
+            mounts=items(obj, "mounts", path, Mount.from_dict),
+            hooks=items(obj, "hooks", path, Hook.from_dict),
+            net_devices=items(obj, "netDevices", path, NetDevice.from_dict),
             intel_rdt=None if rdt is None else IntelRdt.from_dict(rdt, join(path, "intelRdt")),
-            additional_gids=_list(obj, "additionalGids", path, _uint32_item),
+            additional_gids=items(obj, "additionalGids", path, uint32_item),
         )
 
 
@@ -271,13 +280,13 @@ class Device:
 
     @classmethod
     def from_dict(cls, raw: object, path: str = "") -> Device:
-        obj = _object(raw, path, ("name", "annotations", "containerEdits"))
+        obj = object_fields(raw, path, ("name", "annotations", "containerEdits"))
         if obj.get("containerEdits") is None:
             raise SpecError(join(path, "containerEdits"), "required field is missing")
         return cls(
-            name=_str(obj, "name", path, required=True),
+            name=string(obj, "name", path, required=True),
             container_edits=ContainerEdits.from_dict(obj["containerEdits"], join(path, "containerEdits")),
-            annotations=_str_map(obj, "annotations", path),
+            annotations=string_map(obj, "annotations", path),
         )
 
 
@@ -323,16 +332,16 @@ class Spec:
 
     @classmethod
     def from_dict(cls, raw: object) -> Spec:
-        obj = _object(raw, "", ("cdiVersion", "kind", "annotations", "devices", "containerEdits"))
+        obj = object_fields(raw, "", ("cdiVersion", "kind", "annotations", "devices", "containerEdits"))
         edits = obj.get("containerEdits")
         if obj.get("devices") is None:
             raise SpecError("devices", "required field is missing")
         return cls(
-            cdi_version=_str(obj, "cdiVersion", "", required=True),
-            kind=_str(obj, "kind", "", required=True),
-            devices=_list(obj, "devices", "", Device.from_dict),
+            cdi_version=string(obj, "cdiVersion", "", required=True),
+            kind=string(obj, "kind", "", required=True),
+            devices=items(obj, "devices", "", Device.from_dict),
             container_edits=ContainerEdits() if edits is None else ContainerEdits.from_dict(edits, "containerEdits"),
-            annotations=_str_map(obj, "annotations", ""),
+            annotations=string_map(obj, "annotations", ""),
         )
 
     @classmethod
@@ -373,98 +382,3 @@ def _put_int(out: dict[str, Any], key: str, value: int | None) -> None:
     """Integers are pointers or meaningful at zero (uid 0 is root), so only ``None`` is omitted."""
     if value is not None:
         out[key] = value
-
-
-def _object(raw: object, path: str, keys: Sequence[str]) -> dict[str, Any]:
-    if not isinstance(raw, dict):
-        raise SpecError(path, f"expected a JSON object, got {_json_type(raw)}")
-    for key in raw:
-        if key not in keys:
-            raise SpecError(join(path, str(key)), "unknown field (runtimes reject the whole file)")
-    return {k: v for k, v in raw.items() if v is not None}
-
-
-def _str(obj: Mapping[str, Any], key: str, path: str, *, required: bool = False) -> str:
-    value = obj.get(key)
-    if value is None:
-        if required:
-            raise SpecError(join(path, key), "required field is missing")
-        return ""
-    if not isinstance(value, str):
-        raise SpecError(join(path, key), f"expected a string, got {_json_type(value)}")
-    return value
-
-
-def _bool(obj: Mapping[str, Any], key: str, path: str) -> bool:
-    value = obj.get(key, False)
-    if not isinstance(value, bool):
-        raise SpecError(join(path, key), f"expected a boolean, got {_json_type(value)}")
-    return value
-
-
-def _int(obj: Mapping[str, Any], key: str, path: str, bounds: tuple[int, int]) -> int | None:
-    value = obj.get(key)
-    return None if value is None else _checked_int(value, join(path, key), bounds)
-
-
-def _checked_int(value: object, path: str, bounds: tuple[int, int]) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise SpecError(path, f"expected an integer, got {_json_type(value)}")
-    if not bounds[0] <= value <= bounds[1]:
-        raise SpecError(path, f"{value} is out of range [{bounds[0]}, {bounds[1]}]")
-    return value
-
-
-def _uint32_item(raw: object, path: str) -> int:
-    return _checked_int(raw, path, UINT32)
-
-
-def _string_item(raw: object, path: str) -> str:
-    if not isinstance(raw, str):
-        raise SpecError(path, f"expected a string, got {_json_type(raw)}")
-    return raw
-
-
-def _list(obj: Mapping[str, Any], key: str, path: str, item: Callable[[object, str], T]) -> tuple[T, ...]:
-    value = obj.get(key)
-    if value is None:
-        return ()
-    where = join(path, key)
-    if not isinstance(value, list):
-        raise SpecError(where, f"expected a JSON array, got {_json_type(value)}")
-    return tuple(item(v, f"{where}[{i}]") for i, v in enumerate(value))
-
-
-def _str_list(obj: Mapping[str, Any], key: str, path: str) -> tuple[str, ...]:
-    return _list(obj, key, path, _string_item)
-
-
-def _str_map(obj: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
-    value = obj.get(key)
-    if value is None:
-        return {}
-    where = join(path, key)
-    if not isinstance(value, dict):
-        raise SpecError(where, f"expected a JSON object, got {_json_type(value)}")
-    for k, v in value.items():
-        if not isinstance(v, str):
-            raise SpecError(f"{where}[{json.dumps(k)}]", f"expected a string, got {_json_type(v)}")
-    return dict(value)
-
-
-def _json_type(value: object) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__

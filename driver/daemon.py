@@ -40,12 +40,10 @@ from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
 from driver.gpu_sharing import GpuSharing, mps_gpus, time_slice_gpus
-from driver.health import effects_for, parse_taint_effects
 from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_policy import GpuHealthPolicy
 from driver.health.gpu_release import GpuReleases
-from driver.health.nic import NicHealthMonitor
+from driver.health.monitors import build_monitors, health_counters
 from driver.inventory import Inventory
 from driver.kubeapi import KubeAPI
 from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
@@ -184,9 +182,11 @@ class Daemon:
         self.network_refresh = Coalescer("nic-address-refresh", network_data.run)
         self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
-        self.monitors = self._build_monitors()
+        self.monitors = build_monitors(config, self.inventory)
         self.metrics = Metrics(
-            self.inventory, publisher_stats=lambda: self.publisher.stats, health_counters=self._health_counters
+            self.inventory,
+            publisher_stats=lambda: self.publisher.stats,
+            health_counters=lambda: health_counters(self.monitors),
         )
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
         # `tandemctl release`: GPU resets and driver upgrades need Tandem to let go of NVML; a
@@ -278,44 +278,6 @@ class Daemon:
                 is_nic=nics.is_nic,
             )
         return sources
-
-    def _build_monitors(self) -> list[GpuHealthMonitor | NicHealthMonitor]:
-        cfg = self.config
-        effects = parse_taint_effects(cfg.taint_effects, cfg.driver_name)
-        monitors: list[GpuHealthMonitor | NicHealthMonitor] = []
-        if DeviceKind.GPU in cfg.device_kinds:
-            policy = GpuHealthPolicy(
-                domain=cfg.driver_name,
-                ignored_xids=cfg.ignored_xids,
-                effects=effects_for(effects, "gpu", cfg.driver_name),
-                xid_quiet_period=cfg.health_quiet_period,
-                ecc_quiet_period=cfg.health_quiet_period,
-            )
-            monitors.append(GpuHealthMonitor(self.inventory, policy, driver_root=cfg.nvidia_driver_root))
-        if DeviceKind.NIC in cfg.device_kinds:
-            monitors.append(
-                NicHealthMonitor(
-                    self.inventory,
-                    sysfs_root=cfg.sysfs_root,
-                    domain=cfg.driver_name,
-                    netns=cfg.netns or None,
-                    netlink=cfg.nic_link_source == "netlink",
-                    debounce=cfg.link_debounce,
-                    effects=effects_for(effects, "nic", cfg.driver_name),
-                )
-            )
-        return monitors
-
-    def _health_counters(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for m in self.monitors:
-            if isinstance(m, GpuHealthMonitor):
-                c = m.counters()
-                out.update({f"nvml_{k}": v for k, v in c.events.items()})
-                out.update({"nvml_probes": c.probes, "nvml_errors": c.errors, "nvml_single_bit_ecc": c.single_bit_ecc})
-            else:
-                out.update({f"nic_{k}": v for k, v in m.counters().items()})
-        return out
 
     def _rediscover_gpus(self) -> None:
         """After a MIG partition was made or destroyed: the prepare (unprepare) answers only once

@@ -1,0 +1,59 @@
+"""The health monitors a node runs, built from the Config, and the counters they export.
+
+One GPU monitor (NVML events and probes) and one NIC monitor (link and RDMA port state), each
+for the device kinds the node serves; the per-key taint effects of `--taint-effect` are split
+between them. Their counters reach `/metrics` under `nvml_` and `nic_` names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from driver.config import Config
+from driver.health import effects_for, parse_taint_effects
+from driver.health.gpu import GpuHealthMonitor
+from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.nic import NicHealthMonitor
+from driver.inventory import Inventory
+from driver.model import DeviceKind
+
+Monitor = GpuHealthMonitor | NicHealthMonitor
+
+
+def build_monitors(cfg: Config, inventory: Inventory) -> list[Monitor]:
+    effects = parse_taint_effects(cfg.taint_effects, cfg.driver_name)
+    monitors: list[Monitor] = []
+    if DeviceKind.GPU in cfg.device_kinds:
+        policy = GpuHealthPolicy(
+            domain=cfg.driver_name,
+            ignored_xids=cfg.ignored_xids,
+            effects=effects_for(effects, "gpu", cfg.driver_name),
+            xid_quiet_period=cfg.health_quiet_period,
+            ecc_quiet_period=cfg.health_quiet_period,
+        )
+        monitors.append(GpuHealthMonitor(inventory, policy, driver_root=cfg.nvidia_driver_root))
+    if DeviceKind.NIC in cfg.device_kinds:
+        monitors.append(
+            NicHealthMonitor(
+                inventory,
+                sysfs_root=cfg.sysfs_root,
+                domain=cfg.driver_name,
+                netns=cfg.netns or None,
+                netlink=cfg.nic_link_source == "netlink",
+                debounce=cfg.link_debounce,
+                effects=effects_for(effects, "nic", cfg.driver_name),
+            )
+        )
+    return monitors
+
+
+def health_counters(monitors: Sequence[Monitor]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in monitors:
+        if isinstance(m, GpuHealthMonitor):
+            c = m.counters()
+            out.update({f"nvml_{k}": v for k, v in c.events.items()})
+            out.update({"nvml_probes": c.probes, "nvml_errors": c.errors, "nvml_single_bit_ecc": c.single_bit_ecc})
+        else:
+            out.update({f"nic_{k}": v for k, v in m.counters().items()})
+    return out
