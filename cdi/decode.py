@@ -96,19 +96,18 @@ def string_map(obj: Mapping[str, Any], key: str, path: str) -> dict[str, str]:
     return dict(value)
 
 
+# In this order: a bool is also an int.
+_JSON_TYPES = (
+    (bool, "boolean"),
+    (int, "integer"),
+    (float, "number"),
+    (str, "string"),
+    (list, "array"),
+    (dict, "object"),
+)
+
+
 def json_type(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
+    return next((name for t, name in _JSON_TYPES if isinstance(value, t)), type(value).__name__)
