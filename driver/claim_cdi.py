@@ -70,6 +70,7 @@ means for claims shared between pods.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections import Counter
@@ -349,6 +350,17 @@ def _net_devices(planned: Sequence[PlannedDevice]) -> dict[int, cdi.NetDevice]:
     return out
 
 
+@functools.lru_cache(maxsize=2)
+def _driver_mounts(driver_files: DriverFiles) -> tuple[cdi.Mount, ...]:
+    """The NVIDIA driver files every GPU claim's spec mounts (one per container path). The same
+    for every claim until the files change (a driver upgrade gives a new, unequal `DriverFiles`),
+    so they are made once, not for each prepare: dozens of mounts were most of a spec's cost."""
+    return tuple(
+        cdi.Mount(host_path=host, container_path=container, options=DRIVER_FILE_OPTIONS)
+        for container, host in {c: h for h, c in driver_files.mounts}.items()
+    )
+
+
 def claim_spec(
     driver_name: str,
     claim_uid: str,
@@ -406,15 +418,9 @@ def claim_spec(
         devices.append(cdi.Device(name=name, container_edits=edits))
         ids.setdefault(p.device.name, []).append(cdi.qualified_name(vendor, CLAIM_CLASS, name))
 
-    mounts = []
-    if has_gpu:
-        mounts = [
-            cdi.Mount(host_path=host, container_path=container, options=DRIVER_FILE_OPTIONS)
-            for container, host in {c: h for h, c in driver_files.mounts}.items()
-        ]
     spec_edits = cdi.ContainerEdits(
         env=tuple(_network_env(planned if pod_devices is None else pod_devices, env)),
         device_nodes=tuple(node_list(spec_paths)),
-        mounts=tuple(mounts),
+        mounts=_driver_mounts(driver_files) if has_gpu else (),
     )
     return cdi.make_spec(claim_kind(driver_name), devices, container_edits=spec_edits), ids
