@@ -47,6 +47,14 @@ def _kubelet_prepare_seconds(api: Any, node: str) -> dict[str, float]:
     return out
 
 
+def _mean_ms(before: dict[str, float], after: dict[str, float], kind: str) -> float:
+    """Mean milliseconds per call between two readings; a histogram the kubelet has not reported
+    yet (no call of that kind since it started: a fresh cluster) counts as zero calls."""
+    calls = after.get(f"{kind}_count", 0.0) - before.get(f"{kind}_count", 0.0)
+    seconds = after.get(f"{kind}_sum", 0.0) - before.get(f"{kind}_sum", 0.0)
+    return 1000 * seconds / max(1.0, calls)
+
+
 def _template(name: str, with_nic: bool) -> dict[str, Any]:
     requests = [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tandem.dev"}}]
     devices: dict[str, Any] = {"requests": requests}
@@ -125,10 +133,8 @@ def bench_pod_start(pods: int = 20) -> dict[str, Any]:
                 )
                 _delete_and_wait(core, watch, namespace, name)
             after = _kubelet_prepare_seconds(core, node)
-            grpc_ms = (
-                1000 * (after["grpc_sum"] - before["grpc_sum"]) / max(1, after["grpc_count"] - before["grpc_count"])
-            )
-            op_ms = 1000 * (after["op_sum"] - before["op_sum"]) / max(1, after["op_count"] - before["op_count"])
+            grpc_ms = _mean_ms(before, after, "grpc")
+            op_ms = _mean_ms(before, after, "op")
             p50 = statistics.median(times) * 1000
             out[label] = {
                 "pods": pods,
