@@ -118,6 +118,33 @@ def test_bad_claims_fail_alone(start_daemon, apiserver, sim_node_default, kubele
     assert "invalid claim UID" in results[refs[5].uid].error
 
 
+def test_a_refused_status_apply_fails_the_claim_until_a_retry_succeeds(
+    start_daemon, apiserver, sim_node_default, kubelet
+):
+    """The status apply is sent before the files are written and answered after them: an error
+    answer still reaches the kubelet for that claim (which retries), and a failed withdrawal at
+    unprepare does not keep the claim prepared."""
+    node = sim_node_default
+    start_daemon(node)
+    _registered(kubelet)
+    _wait_published(apiserver, node, 4)
+    ref = _allocated_claim(apiserver, node, "flaky", GPU)
+
+    apiserver.faults.inject(method="PATCH", path="/resourceclaims/flaky/status", status=500, count=1)
+    error = kubelet.prepare([ref])[ref.uid].error
+    assert "apply status of claim default/flaky" in error and "500" in error
+    assert not apiserver.get("resourceclaims", "flaky", "default")["status"].get("devices")
+
+    retried = kubelet.prepare([ref])[ref.uid]
+    assert retried.error == "" and len(retried.devices) == 1
+    (entry,) = apiserver.get("resourceclaims", "flaky", "default")["status"]["devices"]
+    assert entry["conditions"][0]["type"] == "Ready" and entry["conditions"][0]["status"] == "True"
+
+    apiserver.faults.inject(method="PATCH", path="/resourceclaims/flaky/status", status=500, count=1)
+    assert kubelet.unprepare([ref]) == {ref.uid: ""}
+    assert not [p for p in node.cdi.iterdir() if ref.uid in p.name], "the claim's specs are gone all the same"
+
+
 def test_a_device_prepared_for_one_claim_is_refused_to_another(start_daemon, apiserver, sim_node_default, kubelet):
     node = sim_node_default
     start_daemon(node)
