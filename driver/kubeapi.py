@@ -226,7 +226,11 @@ class KubeAPI:
     def close(self) -> None:
         self._pool.close()
 
-    def _request(
+    def _request(self, method: str, path: str, what: str, **options: Any) -> Response:
+        """`_send`, then the response (body unread) when the server answered 2xx."""
+        return _answer(self._send(method, path, what, **options), what)
+
+    def _send(
         self,
         method: str,
         path: str,
@@ -236,21 +240,9 @@ class KubeAPI:
         body: Any = None,
         content_type: str = "application/json",
         read_timeout: float | None = None,
-    ) -> Response:
-        """Send one request; the response (body unread) when the server answered 2xx. `body` is
-        sent as JSON (a JSON document is also valid YAML, for apply patches)."""
-        return _answer(self._send(method, path, what, query, body, content_type, read_timeout), what)
-
-    def _send(
-        self,
-        method: str,
-        path: str,
-        what: str,
-        query: dict[str, str] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        read_timeout: float | None = None,
     ) -> Sent:
+        """Send one request now (`Sent`); `body` is sent as JSON (a JSON document is also valid
+        YAML, for apply patches). Failing to send raises `ApiError`."""
         target = path + (f"?{urlencode(query)}" if query else "")
         try:
             headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
@@ -311,7 +303,8 @@ class KubeAPI:
         }
         query = {"fieldManager": field_manager, "force": "true"}
         path = _claim_path(namespace, name) + "/status"
-        return Pending(self._send("PATCH", path, what, query, body, "application/apply-patch+yaml"), what)
+        sent = self._send("PATCH", path, what, query=query, body=body, content_type="application/apply-patch+yaml")
+        return Pending(sent, what)
 
     # -- slices ------------------------------------------------------------------------------
 
