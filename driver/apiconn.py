@@ -118,14 +118,17 @@ class Sent:
         request: tuple[str, str, bytes | None, dict[str, str], float | None],
     ) -> None:
         self._pool = pool
-        self._conn = conn
+        self._conn: http.client.HTTPConnection | None = conn
         self._reused = reused
         self._request = request
 
     def response(self) -> Response:
-        """The answer, its body unread (call once). A kept connection the server closed as the
-        request went out is answered by sending it again on a new one, unless it was a POST."""
-        conn = self._conn
+        """The answer, its body unread; once only (the connection then belongs to the answer). A
+        kept connection the server closed as the request went out is answered by sending it again
+        on a new one, unless it was a POST."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            raise RuntimeError("the answer to this request was already read")
         try:
             return Response(self._pool, conn, conn.getresponse())
         except _STALE:

@@ -33,7 +33,8 @@ class PendingApply(Protocol):
     """A status apply sent, its answer not read yet (`driver.kubeapi.Pending`)."""
 
     def wait(self) -> Exception | None:
-        """Read the answer: the server is done with the apply when this returns. Its error, if any."""
+        """Read the answer; its error, if any. With an answer (error or not) the server is done
+        with the apply; after a timeout or a broken connection it may still carry it out."""
 
     def result(self) -> None:
         """`wait`, raising the error."""

@@ -179,8 +179,10 @@ def _answer(sent: Sent, what: str) -> Response:
 
 
 class Pending:
-    """A request sent whose answer is read later: `wait` reads it (the server is done with the
-    request once it returns) and keeps its error, `result` raises that error."""
+    """A request sent whose answer is read later: `wait` reads it and keeps its error, `result`
+    raises that error. Once `wait` has an answer, error or not, the server is done with the
+    request; after a timeout or a broken connection no answer came, and it may still be carried
+    out (as with any request whose answer is lost)."""
 
     def __init__(self, sent: Sent, what: str) -> None:
         self._sent: Sent | None = sent

@@ -374,8 +374,8 @@ class Preparer:
                     self._files.remove(ref.uid)
                 finally:
                     not_cleared = None if clearing is None else clearing.wait()
-                if not_cleared is not None:
-                    log.info("claim status not cleared (%s); it goes with the claim", not_cleared, extra=ctx)
+                    if not_cleared is not None:
+                        log.info("claim status not cleared (%s); it goes with the claim", not_cleared, extra=ctx)
                 if record is None:
                     log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""

@@ -118,7 +118,9 @@ def test_kill_during_status_apply_is_rolled_back_at_start(node, apiserver):
     apiserver.faults.inject(method="PATCH", path="/resourceclaims/c2/status", status=0, delay=HOLD, count=1)
     node.prepare_in_background(ref)
     assert poll(lambda: node.checkpoint().get(ref.uid, {}).get("state") == "PrepareStarted")
-    assert poll(lambda: len(node.files_of(ref)) >= 2), "CDI spec and metadata are written before the status"
+    assert poll(lambda: len(node.files_of(ref)) >= 2), (
+        "CDI spec and metadata are written while the status apply is held"
+    )
     node.kill()
     apiserver.faults.clear()
 

@@ -140,8 +140,12 @@ def test_a_refused_status_apply_fails_the_claim_until_a_retry_succeeds(
     (entry,) = apiserver.get("resourceclaims", "flaky", "default")["status"]["devices"]
     assert entry["conditions"][0]["type"] == "Ready" and entry["conditions"][0]["status"] == "True"
 
-    apiserver.faults.inject(method="PATCH", path="/resourceclaims/flaky/status", status=500, count=1)
+    withdrawal = apiserver.faults.inject(method="PATCH", path="/resourceclaims/flaky/status", status=500, count=1)
     assert kubelet.unprepare([ref]) == {ref.uid: ""}
+    assert withdrawal.is_set(), "unprepare sent no status withdrawal"
+    assert apiserver.get("resourceclaims", "flaky", "default")["status"]["devices"], (
+        "the refused withdrawal changed nothing"
+    )
     assert not [p for p in node.cdi.iterdir() if ref.uid in p.name], "the claim's specs are gone all the same"
 
 

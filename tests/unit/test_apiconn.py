@@ -150,6 +150,8 @@ def test_a_sent_request_reaches_the_server_before_its_answer_is_asked_for(script
     assert received.wait(5), "the request did not reach the server before its answer was asked for"
     answer.set()
     assert sent.response().read() == b'{"applied":true}'
+    with pytest.raises(RuntimeError, match="already read"):
+        sent.response()  # the connection is back in the pool: reading again would steal another answer
     assert pool.request("GET", "/next", None, {}).read() == b"{}"
     assert srv.connections == 1, "the connection of a sent request is kept as any other"
     pool.close()

@@ -56,6 +56,26 @@ def test_a_resumed_prepare_keeps_the_ready_transition_time(tmp_path: Path, host:
     p.close()
 
 
+def test_an_apply_sent_before_a_failing_file_write_is_answered_before_the_call_returns(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+):
+    """The apply goes out before the files are written. When a file write fails, the call must
+    still read the apply's answer before it returns: an apply left in flight could land after the
+    Unprepare that follows and leave a Ready status on an unprepared claim. (The fake server
+    carries out an apply when its answer is read.)"""
+    api = FakeAPI()
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "a", host)
+    ref = api.add("default", "c", "uid-1", ("gpu", "gpu-0"))
+
+    def disk_full(*_args: object) -> bool:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(p._files, "write_spec", disk_full)
+    assert "No space left on device" in p.prepare([ref])[ref.uid].error
+    assert api.applies == [("default", "c", "uid-1", 1)], "the apply's answer was not read before the call returned"
+    p.close()
+
+
 def test_a_nic_address_change_keeps_the_ready_transition_time(tmp_path: Path, host: Host):
     api = FakeAPI()
     devices = dict(host.devices)
