@@ -22,6 +22,12 @@ def _links(ns: str) -> dict[str, dict]:
     return {link["ifname"]: link for link in json.loads(out)}
 
 
+def _addressed(ns: str, ifname: str) -> dict | None:
+    """The link once it carries the stand-in's host address (10.0.0.10), else None."""
+    link = _links(ns).get(ifname)
+    return link if link and any(a["local"] == "10.0.0.10" for a in link["addr_info"]) else None
+
+
 def test_a_nic_comes_back_from_its_pod_as_the_kernel_brings_a_physical_one(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
@@ -32,8 +38,9 @@ def test_a_nic_comes_back_from_its_pod_as_the_kernel_brings_a_physical_one(
     with open(tmp_path / "log", "w") as log:
         proc = subprocess.Popen(["ip", "netns", "exec", host, *args], env=env, stdout=log, stderr=log)
     request.addfinalizer(proc.kill)
-    link = wait_for("the NIC's netdev on the host", lambda: _links(host).get("ens1f0np0"))
-    assert link["address"] == "b8:3f:d2:00:00:01" and any(a["local"] == "10.0.0.10" for a in link["addr_info"])
+    # The stand-in makes the netdev, then gives it its address: wait for both.
+    link = wait_for("the NIC's netdev on the host, with its address", lambda: _addressed(host, "ens1f0np0"))
+    assert link["address"] == "b8:3f:d2:00:00:01"
     sysfs = tmp_path / "sys" / "class" / "net"
     wait_for("sysfs showing it", lambda: (sysfs / "ens1f0np0" / "device").resolve().name == "0000:1a:00.0")
 
