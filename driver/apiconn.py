@@ -33,6 +33,8 @@ from driver.kubeconfig import TlsSettings
 # What a kept connection closed by the server raises at the next request, before any answer.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 _CHUNK = 64 * 1024
+# A request as sent: method, target, body, headers, read timeout.
+_Request = tuple[str, str, bytes | None, dict[str, str], float | None]
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ class Sent:
         pool: ConnectionPool,
         conn: http.client.HTTPConnection,
         reused: bool,
-        request: tuple[str, str, bytes | None, dict[str, str], float | None],
+        request: _Request,
     ) -> None:
         self._pool = pool
         self._conn: http.client.HTTPConnection | None = conn
@@ -133,13 +135,12 @@ class Sent:
             return Response(self._pool, conn, conn.getresponse())
         except _STALE:
             conn.close()
-            if not self._reused or self._request[0] == "POST":
+            if not _repeatable(self._reused, self._request[0]):
                 raise
         except BaseException:
             conn.close()
             raise
-        conn = self._pool._connect()
-        self._pool._write(conn, *self._request)
+        conn = self._pool._send_again(self._request)
         try:
             return Response(self._pool, conn, conn.getresponse())
         except BaseException:
@@ -172,16 +173,15 @@ class ConnectionPool:
         """Send `method target` (path and query) now; its answer is read by `Sent.response`, so the
         caller can work while the server does. Raises what the socket, TLS or HTTP layer raises;
         the caller turns that into its own errors."""
+        request = (method, target, body, headers, read_timeout)
         conn, reused = self._get()
         try:
-            self._write(conn, method, target, body, headers, read_timeout)
+            self._write(conn, *request)
         except _STALE:
-            if not reused or method == "POST":
+            if not _repeatable(reused, method):
                 raise
-            # The server closed the kept connection as we sent: once more, on a new one.
-            conn, reused = self._connect(), False
-            self._write(conn, method, target, body, headers, read_timeout)
-        return Sent(self, conn, reused, (method, target, body, headers, read_timeout))
+            conn, reused = self._send_again(request), False
+        return Sent(self, conn, reused, request)
 
     def request(
         self, method: str, target: str, body: bytes | None, headers: dict[str, str], read_timeout: float | None = None
@@ -225,6 +225,12 @@ class ConnectionPool:
             conn.close()
             raise
 
+    def _send_again(self, request: _Request) -> http.client.HTTPConnection:
+        """The server closed the kept connection as `request` went out: once more, on a new one."""
+        conn = self._connect()
+        self._write(conn, *request)
+        return conn
+
     def _get(self) -> tuple[http.client.HTTPConnection, bool]:
         """A kept connection the server has not closed (and whether it was kept), or a new one."""
         while True:
@@ -247,6 +253,13 @@ class ConnectionPool:
         if self._proxy is not None and self._https:
             conn.set_tunnel(self._host, self._port or http.client.HTTPS_PORT, headers=_proxy_auth(self._proxy))
         return conn
+
+
+def _repeatable(reused: bool, method: str) -> bool:
+    """Whether a request that met a closed connection is sent again: only when the connection was
+    a kept one (a new one failing is a real error), and never a POST, which may have been carried
+    out (Go's `net/http` follows the same rule)."""
+    return reused and method != "POST"
 
 
 def _readable(sock: socket.socket) -> bool:

@@ -373,9 +373,8 @@ class Preparer:
                 try:
                     self._files.remove(ref.uid)
                 finally:
-                    not_cleared = None if clearing is None else clearing.wait()
-                    if not_cleared is not None:
-                        log.info("claim status not cleared (%s); it goes with the claim", not_cleared, extra=ctx)
+                    if clearing is not None and (error := clearing.wait()) is not None:
+                        _not_cleared(error, ctx)
                 if record is None:
                     log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
                     return ""
@@ -398,8 +397,13 @@ class Preparer:
                 ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid
             )
         except Exception as e:
-            log.info("claim status not cleared (%s); it goes with the claim", e, extra=ctx)
+            _not_cleared(e, ctx)
             return None
+
+
+def _not_cleared(error: Exception, ctx: dict[str, str]) -> None:
+    """A withdrawal that failed (to be sent or answered) is no reason to fail the unprepare."""
+    log.info("claim status not cleared (%s); it goes with the claim", error, extra=ctx)
 
 
 def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:
