@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -27,12 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
+from driver.config import is_uid
 from driver.fsutil import PREPARED_STATE_DURABLE, locked
 from driver.model import MigPlacement
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+# An instance ID as `InstanceLock` users make them (`<pod UID>-<8 hex digits>`): one plain file name.
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
 STATE_STARTED = "PrepareStarted"
 STATE_COMPLETED = "PrepareCompleted"
 
@@ -220,7 +224,12 @@ class Checkpoint:
                 )
                 self._incomplete = False  # nothing of an earlier boot is prepared now
                 return {}
-            claims = {uid: ClaimRecord.from_json(uid, c) for uid, c in raw.get("claims", {}).items()}
+            claims = {}
+            for uid, c in raw.get("claims", {}).items():
+                if not is_uid(uid):  # never written by a driver: prepare validates every UID first
+                    log.error("checkpoint record under %r dropped: not a claim UID", uid[:80])
+                    continue
+                claims[uid] = ClaimRecord.from_json(uid, c)
             self._incomplete = raw.get("incomplete") is True
             return claims
         except FileNotFoundError:
@@ -298,6 +307,8 @@ class InstanceLock:
     def is_alive(self, instance_id: str) -> bool:
         if instance_id == self.instance_id:
             return True
+        if not _INSTANCE_ID.fullmatch(instance_id):  # no instance has it; and it is no file name of ours
+            return False
         path = self._dir / f"{instance_id}.lock"
         try:
             fd = os.open(path, os.O_RDWR)

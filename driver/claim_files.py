@@ -15,6 +15,7 @@ from pathlib import Path
 import cdi
 from driver.claim_cdi import CLAIM_CLASS, claim_spec_filename, claim_vendor
 from driver.claims import PrepareSettings
+from driver.config import is_uid
 from driver.fsutil import PREPARED_STATE_DURABLE
 from driver.metadata import MetadataWriter
 
@@ -33,7 +34,11 @@ class ClaimFiles:
         return cdi.update_spec(self._s.cdi_root, spec, filename, durable=PREPARED_STATE_DURABLE, compact=True)
 
     def remove(self, uid: str) -> None:
-        """The claim's CDI spec, metadata specs and metadata directory; what is missing is fine."""
+        """The claim's CDI spec, metadata specs and metadata directory; what is missing is fine.
+        A name that is no UID is a metadata directory of another layout (`uids`): only it goes."""
+        if not is_uid(uid):
+            self.metadata.remove_claim_dir(uid)
+            return
         cdi.remove_spec(self._s.cdi_root, claim_spec_filename(self._s.driver_name, uid), durable=PREPARED_STATE_DURABLE)
         self.metadata.remove(uid)
 
@@ -41,7 +46,8 @@ class ClaimFiles:
         """The claims with a CDI spec: the claims prepared on this node since it booted
         (`/var/run/cdi` is a tmpfs), whatever the checkpoint says."""
         specs = cdi.list_specs(self._s.cdi_root, claim_vendor(self._s.driver_name), CLAIM_CLASS)
-        return {path.name.rsplit("_", 1)[-1].removesuffix(".json") for path in specs}
+        uids = {path.name.rsplit("_", 1)[-1].removesuffix(".json") for path in specs}
+        return {uid for uid in uids if is_uid(uid)}  # the directory is shared: other names are not ours
 
     def uids(self) -> set[str]:
         """Every claim with any file (a metadata directory of another layout is listed by its name)."""

@@ -139,11 +139,20 @@ class Daemon:
         def recorded() -> list[DeviceRecord]:
             return [d for c in self.checkpoint.read().values() for d in c.devices]
 
+        def complete() -> bool:
+            return not self.checkpoint.incomplete
+
         self.mps = MpsDaemons(
-            self.data_dir / "mps", config.nvidia_driver_root, needed=lambda: mps_gpus(recorded(), self.inventory.get)
+            self.data_dir / "mps",
+            config.nvidia_driver_root,
+            needed=lambda: mps_gpus(recorded(), self.inventory.get),
+            complete=complete,
         )
         self.time_slices = TimeSlices(
-            self.data_dir, config.nvidia_driver_root, needed=lambda: time_slice_gpus(recorded(), self.inventory.get)
+            self.data_dir,
+            config.nvidia_driver_root,
+            needed=lambda: time_slice_gpus(recorded(), self.inventory.get),
+            complete=complete,
         )
         self.preparer = Preparer(
             sharing=GpuSharing(self.mps, self.time_slices),
@@ -282,9 +291,14 @@ class Daemon:
     def _rediscover_gpus(self) -> None:
         """After a MIG partition was made or destroyed: the prepare (unprepare) answers only once
         the inventory has the partition's GPU and compute instance IDs, so that an XID from the
-        pod's first instructions is pinned on its partition, not on every tenant of the GPU."""
-        for source in self.sources:
-            if source.name == "gpu":
+        pod's first instructions is pinned on its partition, not on every tenant of the GPU.
+        Before the kubelet can call (start-up reconciliation destroying what a crash left) there
+        is nobody to answer, and waiting would stall: the reconciler holds the checkpoint lock
+        that a GPU discovery needs (`_owned_placements`). Then a rediscovery is only asked for."""
+        for source in (s for s in self.sources if s.name == "gpu"):
+            if self._server is None:
+                source.trigger()
+            else:
                 source.refresh(timeout=MIG_REDISCOVERY_WAIT)
 
     def _owned_placements(self) -> set[MigPlacement]:

@@ -104,15 +104,11 @@ def with_sharing(records: Sequence[DeviceRecord], planned: Sequence[PlannedDevic
 
 def time_slice_gpus(
     records: Iterable[DeviceRecord], lookup: Callable[[str], Device | None]
-) -> dict[str, tuple[str, str]]:
+) -> dict[str, tuple[str | None, str]]:
     """The GPUs (device name -> (UUID, interval)) the recorded claims time-slice: what
-    `driver.time_slicing.TimeSlices` keeps set. A GPU no longer on the node needs nothing."""
-    out = {}
-    for r in records:
-        device = lookup(r.device) if r.time_slice else None
-        if device is not None and device.gpu is not None:
-            out[r.device] = (device.gpu.uuid, r.time_slice)
-    return out
+    `driver.time_slicing.TimeSlices` keeps set. The UUID is None for a GPU the inventory lacks
+    now (NVML unanswered, or the GPU gone): its interval is left as it is while a record names it."""
+    return {r.device: (_uuid(lookup(r.device)), r.time_slice) for r in records if r.time_slice}
 
 
 def check_time_slices(uid: str, records: Sequence[DeviceRecord], claims: Mapping[str, ClaimRecord]) -> None:
@@ -134,15 +130,15 @@ def check_time_slices(uid: str, records: Sequence[DeviceRecord], claims: Mapping
                 )
 
 
-def mps_gpus(records: Iterable[DeviceRecord], lookup: Callable[[str], Device | None]) -> dict[str, str]:
+def mps_gpus(records: Iterable[DeviceRecord], lookup: Callable[[str], Device | None]) -> dict[str, str | None]:
     """The GPUs (device name -> UUID) the recorded claims share through MPS: those that need a
-    control daemon (`driver.mps.MpsDaemons`). A GPU no longer on the node needs none."""
-    out = {}
-    for r in records:
-        device = lookup(r.device) if r.sharing == SHARING_MPS else None
-        if device is not None and device.gpu is not None:
-            out[r.device] = device.gpu.uuid
-    return out
+    control daemon (`driver.mps.MpsDaemons`). The UUID is None for a GPU the inventory lacks now
+    (NVML unanswered, or the GPU gone): its daemon, if it runs, stays while a record names it."""
+    return {r.device: _uuid(lookup(r.device)) for r in records if r.sharing == SHARING_MPS}
+
+
+def _uuid(device: Device | None) -> str | None:
+    return device.gpu.uuid if device is not None and device.gpu is not None else None
 
 
 def check_gpu_sharing(planned: Sequence[PlannedDevice]) -> None:

@@ -40,6 +40,7 @@ from typing import Any
 
 import cdi
 from cdi import atomic_write, is_dns_label
+from driver.config import is_uid
 from driver.fsutil import PREPARED_STATE_DURABLE
 from driver.model import Device, attribute_to_api
 
@@ -387,12 +388,13 @@ class MetadataWriter:
         return removed
 
     def owned_spec_uids(self) -> set[str]:
-        """Claim UIDs with at least one metadata CDI spec (UIDs and request names hold no `_`)."""
+        """Claim UIDs with at least one metadata CDI spec (UIDs and request names hold no `_`).
+        The directory is shared with other writers: a name whose UID part is no UID is not ours."""
         prefix = f"{self.driver}_metadata_"
         out = set()
         for path in self._spec_files():
             uid, sep, _ = path.name[len(prefix) :].partition("_")
-            if sep and uid:
+            if sep and is_uid(uid):
                 out.add(uid)
         return out
 

@@ -17,7 +17,10 @@ every prepare and unprepare, and every `period` seconds by the `mps-supervisor` 
 * a running daemon is found again by its PID file and `/proc/<pid>/cmdline`, so a restarted
   Tandem adopts it instead of starting a second one;
 * a daemon no record needs any more is told `quit` (killed if it does not go), and its directories
-  are removed.
+  are removed; but only while the records are `complete`: after the checkpoint was lost, a daemon
+  no record names may serve a running pod until start-up has rebuilt its record;
+* a needed GPU the inventory lacks now (its UUID unknown: NVML unanswered) keeps the daemon it
+  has, and gets one once it is back.
 
 A daemon outlives Tandem (`-d` detaches it), as the claims using it do; a kill -9 of Tandem at any
 step leaves either a record without a daemon (started by the next `sync`) or a daemon without a
@@ -62,14 +65,21 @@ class MpsError(Exception):
 
 
 class MpsDaemons:
-    """`root`: `<data dir>/mps`. `needed`: the GPUs (device name -> UUID) whose claims use MPS now."""
+    """`root`: `<data dir>/mps`. `needed`: the GPUs (device name -> UUID, None when unknown now)
+    whose claims use MPS now. `complete`: whether the records name every prepared claim."""
 
     def __init__(
-        self, root: Path, driver_root: Path, needed: Callable[[], Mapping[str, str]], period: float = 10.0
+        self,
+        root: Path,
+        driver_root: Path,
+        needed: Callable[[], Mapping[str, str | None]],
+        period: float = 10.0,
+        complete: Callable[[], bool] = lambda: True,
     ) -> None:
         self.root = root
         self._driver_root = driver_root
         self._needed = needed
+        self._complete = complete
         self._period = period
         self._lock = threading.Lock()  # one sync at a time: no two starts of one daemon
         self._stop = threading.Event()
@@ -111,10 +121,13 @@ class MpsDaemons:
         with self._lock:
             needed = dict(self._needed())
             present = {p.name for p in self.root.iterdir() if p.is_dir()} if self.root.is_dir() else set()
-            for device in sorted(present - set(needed)):
-                self._stop_daemon(device)
+            if self._complete():  # read after `needed`, which reads the records
+                for device in sorted(present - set(needed)):
+                    self._stop_daemon(device)
             failed = []
             for device, uuid in sorted(needed.items()):
+                if uuid is None:
+                    continue
                 try:
                     self._ensure(device, uuid)
                 except MpsError as e:

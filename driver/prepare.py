@@ -270,7 +270,7 @@ class Preparer:
             # with other claims than before (a retry after one of them failed): it follows them.
             if self._files.write_spec(ref.uid, spec):
                 with self._checkpoint.transaction() as claims:
-                    self._check_still_prepared(ref, claims, STATE_COMPLETED)
+                    self._check_still_prepared(p, claims, STATE_COMPLETED)
             return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply), the
         # files written while the server applies (module docstring).
@@ -291,21 +291,32 @@ class Preparer:
         applying.result()
         done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
-            self._check_still_prepared(ref, claims, STATE_STARTED)
+            self._check_still_prepared(p, claims, STATE_STARTED)
             claims[ref.uid] = ClaimRecord(
                 namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
             )
         return PrepareResult(devices=done)
 
-    def _check_still_prepared(self, ref: ClaimRef, claims: dict[str, ClaimRecord], state: str) -> None:
+    def _check_still_prepared(self, p: _Planned, claims: dict[str, ClaimRecord], state: str) -> None:
         """After writing files: the record must still be the one this call wrote (or found). The
-        other instance of a rolling update may have unprepared the claim meanwhile: the kubelet no
-        longer wants it, so what this call wrote must not outlive it."""
-        mine = claims.get(ref.uid)
+        other instance of a rolling update may have acted on the claim meanwhile (the kubelet
+        turned to it when this call took too long). If it unprepared the claim, the kubelet no
+        longer wants it: what this call wrote and applied must not outlive it (removed under the
+        checkpoint lock, before any new prepare of the claim can begin). If it prepared the
+        claim, the files are the same and now its own: they stay, and its answer counts."""
+        ref, mine = p.ref, claims.get(p.ref.uid)
         ours = mine is not None and (state == STATE_COMPLETED or mine.owner == self._instance.instance_id)
         if mine is not None and mine.state == state and ours:
             return
-        self._files.remove(ref.uid)
+        if mine is not None:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name} was prepared by another instance of the driver meanwhile"
+            )
+        clearing = self._send_clear(ref, p.ctx)
+        try:
+            self._files.remove(ref.uid)
+        finally:
+            _cleared(clearing, p.ctx)
         raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
 
     def _write_metadata(
@@ -368,15 +379,16 @@ class Preparer:
                 # touches a new claim of the same name. The files go even without a record: the
                 # kubelet says the claim is no longer needed, whatever the checkpoint lost.
                 record = self._checkpoint.read().get(ref.uid)
-                # Our status entries are withdrawn while the files go (module docstring).
-                clearing = None if record is None else self._send_clear(ref, ctx)
+                # Our status entries are withdrawn while the files go (module docstring); without
+                # a record too: a prepare rolled back after its apply (kill -9, then start-up) or a
+                # lost checkpoint leaves no record, but may have left a Ready status.
+                clearing = self._send_clear(ref, ctx)
                 try:
                     self._files.remove(ref.uid)
                 finally:
-                    if clearing is not None and (error := clearing.wait()) is not None:
-                        _not_cleared(error, ctx)
+                    _cleared(clearing, ctx)
                 if record is None:
-                    log.info("claim has no record here: only its files, if any, were removed", extra=ctx)
+                    log.info("claim has no record here: only its files and status, if any, were removed", extra=ctx)
                     return ""
                 for placement in (d.mig for d in record.devices if d.mig is not None):
                     self._partitions.destroy(placement)  # before the record goes: a crash here is retried
@@ -404,6 +416,12 @@ class Preparer:
 def _not_cleared(error: Exception, ctx: dict[str, str]) -> None:
     """A withdrawal that failed (to be sent or answered) is no reason to fail the unprepare."""
     log.info("claim status not cleared (%s); it goes with the claim", error, extra=ctx)
+
+
+def _cleared(clearing: PendingApply | None, ctx: dict[str, str]) -> None:
+    """The answer to a withdrawal `_send_clear` sent, if it sent one."""
+    if clearing is not None and (error := clearing.wait()) is not None:
+        _not_cleared(error, ctx)
 
 
 def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:

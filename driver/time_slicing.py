@@ -16,7 +16,10 @@ machine, run at start-up (everything applied again), after a time-sliced claim i
 after one is unprepared:
 
 * a needed GPU gets its interval (noted first);
-* a noted GPU no record needs any more gets `Default` back, then its note goes.
+* a noted GPU no record needs any more gets `Default` back, then its note goes; but only while
+  the records are `complete` (after the checkpoint was lost, a running pod's claim may have no
+  record until start-up has rebuilt it);
+* a needed GPU the inventory lacks now (its UUID unknown: NVML unanswered) is left as it is.
 
 An interval an administrator set by hand on a GPU Tandem never time-sliced is left alone. The
 compute mode is left as it is: time-slicing needs `DEFAULT`, which is the driver's default, and
@@ -51,12 +54,20 @@ class TimeSliceError(Exception):
 
 
 class TimeSlices:
-    """`data_dir`: where the note of what was set lives. `needed`: device name -> (UUID, interval)."""
+    """`data_dir`: where the note of what was set lives. `needed`: device name -> (UUID, None when
+    unknown now; interval). `complete`: whether the records name every prepared claim."""
 
-    def __init__(self, data_dir: Path, driver_root: Path, needed: Callable[[], Mapping[str, tuple[str, str]]]) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        driver_root: Path,
+        needed: Callable[[], Mapping[str, tuple[str | None, str]]],
+        complete: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.path = data_dir / STATE_FILE
         self._driver_root = driver_root
         self._needed = needed
+        self._complete = complete
         self._lock = threading.Lock()  # one sync at a time: the note and the GPUs agree
 
     def applied(self) -> dict[str, tuple[str, str]]:
@@ -75,10 +86,11 @@ class TimeSlices:
         TimeSliceError naming every GPU that failed; the others are done regardless."""
         with self._lock:
             needed = dict(self._needed())
+            complete = self._complete()  # read after `needed`, which reads the records
             noted = self.applied()
             failed = []
             for device, (uuid, interval) in sorted(needed.items()):
-                if not everything and noted.get(device) == (uuid, interval):
+                if uuid is None or (not everything and noted.get(device) == (uuid, interval)):
                     continue
                 noted[device] = (uuid, interval)
                 self._write(noted)  # before nvidia-smi: a crash leaves a note of what may be set
@@ -86,7 +98,7 @@ class TimeSlices:
                     self._set(device, uuid, interval)
                 except TimeSliceError as e:
                     failed.append(str(e))
-            for device in sorted(set(noted) - set(needed)):
+            for device in sorted(set(noted) - set(needed) if complete else ()):
                 uuid, _ = noted[device]
                 try:
                     self._set(device, uuid, DEFAULT)
@@ -130,6 +142,10 @@ class TimeSlices:
         return env
 
     def _set(self, device: str, uuid: str, interval: str) -> None:
+        if interval not in TIME_SLICE_INTERVALS:  # a record of a newer version, after a downgrade
+            raise TimeSliceError(
+                f"{device}: time-slice interval {interval!r} is unknown to this version; left as it is"
+            )
         value = TIME_SLICE_INTERVALS.index(interval)
         cmd = [str(self._program()), "compute-policy", "-i", uuid, "--set-timeslice", str(value)]
         log.info("setting the time slice of %s (%s) to %s", device, uuid, interval, extra={"device": device})

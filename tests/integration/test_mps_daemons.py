@@ -28,12 +28,12 @@ def driver_root(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def needed() -> dict[str, str]:
+def needed() -> dict[str, str | None]:
     return {}
 
 
 @pytest.fixture
-def daemons(tmp_path: Path, driver_root: Path, needed: dict[str, str]) -> Iterator[MpsDaemons]:
+def daemons(tmp_path: Path, driver_root: Path, needed: dict[str, str | None]) -> Iterator[MpsDaemons]:
     mps = MpsDaemons(tmp_path / "data" / "mps", driver_root, lambda: needed, period=0.05)
     yield mps
     needed.clear()
@@ -109,6 +109,29 @@ def test_a_daemon_no_claim_needs_is_told_to_quit(
     assert not (daemons.root / "gpu-0").exists()
     wait_for("the daemon process to end", lambda: not Path(f"/proc/{pid}").exists() or _zombie(pid), timeout=30)
     assert "Starting control daemon" in log
+
+
+def test_a_daemon_stays_while_its_gpu_is_unknown_or_the_records_may_be_incomplete(
+    driver_root: Path, daemons: MpsDaemons, needed: dict[str, str | None]
+) -> None:
+    """Neither NVML unanswered for a while (the GPU leaves the inventory, its UUID unknown) nor a
+    lost checkpoint (a running pod's record not rebuilt yet) is a reason to stop the daemon that
+    pod's containers talk to."""
+    needed["gpu-0"] = UUID
+    daemons.sync()
+    pid = daemons.running("gpu-0")
+    assert pid is not None
+    needed["gpu-0"] = None
+    daemons.sync()
+    assert daemons.running("gpu-0") == pid
+    needed.clear()
+    complete = False
+    lost = MpsDaemons(daemons.root, driver_root, lambda: needed, complete=lambda: complete)
+    lost.sync()
+    assert lost.running("gpu-0") == pid
+    complete = True
+    lost.sync()
+    assert lost.running("gpu-0") is None
 
 
 def _zombie(pid: int) -> bool:

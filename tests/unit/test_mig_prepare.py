@@ -18,6 +18,7 @@ from prepare_fakes import DRIVER, NODE, FakeAPI
 from driver.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 from driver.claim_files import ClaimFiles
 from driver.claims import PrepareSettings
+from driver.daemon import Daemon
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nvidia_files import find_driver_files
 from driver.metadata import MetadataWriter
@@ -211,3 +212,29 @@ def test_start_up_finishes_an_unprepare_cut_short_after_the_files_went(node: Nod
     assert node.instances() == [] and node.records() == {}
     assert p.unprepare([claim]) == {claim.uid: ""}  # the kubelet's retry finds nothing left to do
     p.close()
+
+
+def test_a_mig_change_before_the_kubelet_can_call_does_not_wait_for_the_rediscovery() -> None:
+    """Start-up reconciliation destroys what a crash left while it holds the checkpoint lock, which
+    a GPU discovery needs: waiting for one there would only stall start-up (5 s a partition). Once
+    the kubelet can call, a prepare answers after the rediscovery, as health attribution needs."""
+    calls: list[str] = []
+
+    class Source:
+        name = "gpu"
+
+        def trigger(self) -> None:
+            calls.append("trigger")
+
+        def refresh(self, timeout: float) -> bool:
+            calls.append("refresh")
+            return True
+
+    daemon = Daemon.__new__(Daemon)  # only what _rediscover_gpus reads
+    daemon.sources = [Source()]  # type: ignore[list-item]
+    daemon._server = None
+    daemon._rediscover_gpus()
+    assert calls == ["trigger"]
+    daemon._server = object()  # type: ignore[assignment]
+    daemon._rediscover_gpus()
+    assert calls == ["trigger", "refresh"]

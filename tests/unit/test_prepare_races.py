@@ -71,6 +71,40 @@ def test_unprepare_by_the_other_instance_mid_prepare_leaves_nothing(setup):
     assert "unprepared while being prepared" in result[0].error
     assert Checkpoint(data, "boot").read() == {}
     assert _files(data, cdi_root) == []
+    # A's apply landed after B's withdrawal: A withdrew it again, so no Ready outlives the claim.
+    assert api.applies[-3:] == [
+        ("default", "c", "uid-1", 0),
+        ("default", "c", "uid-1", 1),
+        ("default", "c", "uid-1", 0),
+    ]
+    assert api.claims[("default", "c")]["status"]["devices"] == []
+
+
+def test_a_prepare_the_other_instance_took_over_and_finished_keeps_its_files(setup, host: Host):
+    """The kubelet gave up on A's slow call and asked B, which prepared the claim: A's late end
+    must not take away the files B's answer promised (they are the same files)."""
+    api, a, _, data, cdi_root = setup
+    api_b = FakeAPI()  # the same claims, but B's apply is not held
+    api_b.claims = api.claims
+    b = make_preparer(data, cdi_root, api_b, "b2", host)
+    ref = api.add("default", "c", "uid-1")
+    api.hold.clear()
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(a.prepare([ref])[ref.uid]))
+    t.start()
+    try:
+        assert api.held.wait(10), "instance A never reached the status apply"
+        wait_for("A's CDI spec, metadata spec and metadata directory", lambda: len(_files(data, cdi_root)) == 3, 10)
+        answer = b.prepare([ref])[ref.uid]
+    finally:
+        api.hold.set()
+        t.join(10)
+        b.close()
+    assert answer.error == "" and answer.devices
+    assert "prepared by another instance" in result[0].error
+    assert Checkpoint(data, "boot").read()[ref.uid].state == STATE_COMPLETED
+    assert len(_files(data, cdi_root)) == 3
+    assert api.claims[("default", "c")]["status"]["devices"], "the claim keeps its Ready status"
 
 
 def test_a_late_unprepare_of_an_old_claim_spares_the_new_claim_of_the_same_name(setup):
@@ -80,11 +114,14 @@ def test_a_late_unprepare_of_an_old_claim_spares_the_new_claim_of_the_same_name(
     assert a.unprepare([old]) == {old.uid: ""}
     new = api.add("default", "c", "uid-new")
     assert a.prepare([new])[new.uid].error == ""
-    before = _files(data, cdi_root)
+    before, status = _files(data, cdi_root), api.claims[("default", "c")]["status"]["devices"]
+    assert status, "the new claim's prepare applied its status"
     assert a.unprepare([old]) == {old.uid: ""}  # retried by the kubelet, long after
     assert _files(data, cdi_root) == before
     assert Checkpoint(data, "boot").read()[new.uid].state == STATE_COMPLETED
-    assert api.applies[-1][:3] != ("default", "c", "uid-old"), "no status write for a claim not prepared here"
+    # The withdrawal names the old UID, which the API server's precondition refuses for the new claim.
+    assert api.applies[-1] == ("default", "c", "uid-old", 0)
+    assert api.claims[("default", "c")]["status"]["devices"] == status
 
 
 def _mounted_metadata(cdi_root: Path, uid: str) -> list[Path]:

@@ -4,12 +4,13 @@ API server cannot say."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 from prepare_fakes import FakeAPI, Host, make_preparer, make_reconciler, nic_name, render_host
 
-from driver.checkpoint import STATE_COMPLETED, Checkpoint
+from driver.checkpoint import STATE_COMPLETED, Checkpoint, InstanceLock
 
 
 @pytest.fixture(scope="module")
@@ -62,3 +63,43 @@ def test_an_unprepare_removes_the_files_of_a_claim_the_checkpoint_lost(tmp_path:
     assert p.unprepare([ref]) == {ref.uid: ""}
     assert _files(tmp_path, ref.uid) == []
     p.close()
+
+
+def test_names_no_driver_writes_never_stop_start_up(tmp_path: Path, host: Host, caplog: pytest.LogCaptureFixture):
+    """The CDI directory is shared with other writers, and the data dir may hold an older layout
+    or a damaged checkpoint: reconciliation passes over what is not its own, removes what is, and
+    the daemon starts (a raise here would be a crash loop)."""
+    api = FakeAPI()
+    data, cdi_root = tmp_path / "data", tmp_path / "cdi"
+    p = make_preparer(data, cdi_root, api, "a", host)
+    ref = api.add("default", "c", "uid-1")
+    assert p.prepare([ref])[ref.uid].error == ""
+    foreign = cdi_root / "tandem.dev_metadata_.._gpu.json"  # another writer's name in our pattern
+    foreign.write_text('{"cdiVersion":"0.5.0","kind":"x.com/y","devices":[]}')
+    old_layout = data / "dra-device-metadata" / ("default_" + "c" * 240) / "gpu"  # `<namespace>_<name>`
+    old_layout.mkdir(parents=True)
+    raw = json.loads((data / "checkpoint.json").read_text())
+    raw["claims"]["../escape"] = {**raw["claims"][ref.uid], "state": "PrepareStarted", "owner": "../../victim"}
+    (data / "checkpoint.json").write_text(json.dumps(raw))
+    victim = tmp_path / "victim.lock"
+    victim.write_text("")
+
+    make_reconciler(data, cdi_root, api, p, host).run()
+    assert foreign.exists(), "a file no driver instance wrote is left alone"
+    assert not old_layout.parent.exists(), "a directory of another layout is removed as an orphan"
+    assert set(Checkpoint(data, "boot").read()) == {ref.uid}
+    assert victim.exists(), "a record's owner names no file outside the driver's directories"
+    assert "not a claim UID" in caplog.text
+    assert p.prepare([ref])[ref.uid].error == "", "the claim prepared before is prepared still"
+    p.close()
+
+
+def test_an_owner_that_is_no_instance_id_is_dead_and_names_no_file(tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    instance = InstanceLock(data, "i-1")
+    outside = tmp_path / "x.lock"
+    outside.write_text("")
+    assert instance.is_alive("../../x") is False
+    assert outside.exists()
+    instance.release()

@@ -56,6 +56,21 @@ def test_a_resumed_prepare_keeps_the_ready_transition_time(tmp_path: Path, host:
     p.close()
 
 
+def test_an_unprepare_without_a_record_still_withdraws_the_status(tmp_path: Path, host: Host):
+    """kill -9 after the apply and before PrepareCompleted: start-up rolls the record back, so the
+    kubelet's Unprepare finds none, yet the claim shows Ready until the withdrawal."""
+    api = FakeAPI()
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "a", host)
+    ref = api.add("default", "c", "uid-1")
+    assert p.prepare([ref])[ref.uid].error == ""
+    assert api.claims[("default", "c")]["status"]["devices"]
+    with Checkpoint(tmp_path / "data", "boot").transaction() as claims:
+        del claims[ref.uid]  # what the rollback leaves
+    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert api.claims[("default", "c")]["status"]["devices"] == []
+    p.close()
+
+
 def test_an_apply_sent_before_a_failing_file_write_is_answered_before_the_call_returns(
     tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
 ):

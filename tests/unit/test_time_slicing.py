@@ -175,3 +175,35 @@ def test_an_interval_is_noted_before_nvidia_smi_runs(tmp_path: Path, state: Path
     with pytest.raises(TimeSliceError, match="nvidia-smi is not in usr/bin"):
         slices.sync()
     assert slices.applied() == {"gpu-0": (uuid, "Short")}
+
+
+def test_an_interval_is_kept_while_its_gpu_is_unknown_or_the_records_may_be_incomplete(
+    tmp_path: Path, state: Path
+) -> None:
+    """NVML unanswered (the GPU's UUID unknown now) or a lost checkpoint (a running pod's record
+    not rebuilt yet): the pod's interval stays; the default comes back once the records say so."""
+    uuid = sim_nvml.read_state(state).gpus[1].uuid
+    needed: dict[str, tuple[str | None, str]] = {"gpu-1": (uuid, "Medium")}
+    complete = True
+    slices = TimeSlices(tmp_path / "data", tmp_path / "node" / "driver", lambda: needed, complete=lambda: complete)
+    slices.sync()
+    assert _slices(state)[1] == 2
+    needed["gpu-1"] = (None, "Medium")
+    slices.sync(everything=True)
+    assert _slices(state)[1] == 2 and slices.applied() == {"gpu-1": (uuid, "Medium")}
+    needed.clear()
+    complete = False
+    slices.sync()
+    assert _slices(state)[1] == 2 and slices.applied() == {"gpu-1": (uuid, "Medium")}
+    complete = True
+    slices.sync()
+    assert _slices(state)[1] == 0 and slices.applied() == {}
+
+
+def test_an_interval_this_version_does_not_know_is_an_error_not_a_crash(tmp_path: Path, state: Path) -> None:
+    """A record written by a newer version, then a downgrade: start-up logs it and goes on."""
+    uuid = sim_nvml.read_state(state).gpus[0].uuid
+    slices = TimeSlices(tmp_path / "data", tmp_path / "node" / "driver", lambda: {"gpu-0": (uuid, "Eternal")})
+    with pytest.raises(TimeSliceError, match="'Eternal' is unknown to this version"):
+        slices.sync(everything=True)
+    assert _slices(state)[0] == 0
