@@ -299,10 +299,24 @@ class InstanceLock:
         self.instance_id = instance_id
         self._dir = data_dir / "instances"
         self._dir.mkdir(parents=True, exist_ok=True)
-        self._fd = os.open(self._dir / f"{instance_id}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self._fd = self._lock_own_file(self._dir / f"{instance_id}.lock")
         for other in self._dir.glob("*.lock"):  # tidy the locks of instances that died
             self.is_alive(other.name.removesuffix(".lock"))
+
+    @staticmethod
+    def _lock_own_file(path: Path) -> int:
+        """Created and locked in two steps: an instance starting beside this one may find the file
+        unlocked in between, take this instance for dead and remove it. A lock on a file no name
+        leads to says nothing to others, so then it starts again with a new file."""
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:
+                if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                    return fd
+            except FileNotFoundError:
+                pass
+            os.close(fd)
 
     def is_alive(self, instance_id: str) -> bool:
         if instance_id == self.instance_id:

@@ -33,6 +33,9 @@ class ClaimFiles:
         filename = claim_spec_filename(self._s.driver_name, uid)
         return cdi.update_spec(self._s.cdi_root, spec, filename, durable=PREPARED_STATE_DURABLE, compact=True)
 
+    def has_spec(self, uid: str) -> bool:
+        return (self._s.cdi_root / claim_spec_filename(self._s.driver_name, uid)).exists()
+
     def remove(self, uid: str) -> None:
         """The claim's CDI spec, metadata specs and metadata directory; what is missing is fine.
         A name that is no UID is a metadata directory of another layout (`uids`): only it goes."""

@@ -265,7 +265,7 @@ class Preparer:
         self._sharing.realise(f"{ref.namespace}/{ref.name}", records)  # MPS daemons, time slices: after the record
         if dynamic:
             spec, ids = self._spec(ref, self._realised(p, retry), pod_devices)
-        if completed is not None:
+        if completed is not None and self._files.has_spec(ref.uid):
             # The same answer again. Only the spec may differ, when this call prepares the claim
             # with other claims than before (a retry after one of them failed): it follows them.
             if self._files.write_spec(ref.uid, spec):
@@ -273,7 +273,9 @@ class Preparer:
                     self._check_still_prepared(p, claims, STATE_COMPLETED)
             return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply), the
-        # files written while the server applies (module docstring).
+        # files written while the server applies (module docstring). Also for a claim prepared
+        # before whose spec an unprepare that failed afterwards took away (unprepare removes the
+        # spec first): its files and status come back, so that every ID of the answer resolves.
         if self._nic_homes is not None:
             self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
         networked = _with_network_data(tuple(records), p.planned)  # the status's and the record's
@@ -291,7 +293,7 @@ class Preparer:
         applying.result()
         done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
-            self._check_still_prepared(p, claims, STATE_STARTED)
+            self._check_still_prepared(p, claims, STATE_STARTED if completed is None else STATE_COMPLETED)
             claims[ref.uid] = ClaimRecord(
                 namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
             )

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import multiprocessing
 import os
 from pathlib import Path
 
-from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
+import pytest
+
+from driver.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 
 
 def _record(uid: str = "u1") -> ClaimRecord:
@@ -128,3 +131,26 @@ def test_a_missing_file_is_incomplete_and_one_of_an_earlier_boot_is_not(tmp_path
     cp.mark_complete()
     after_reboot = Checkpoint(tmp_path, "boot-2")
     assert after_reboot.read() == {} and not after_reboot.incomplete, "nothing of an earlier boot is prepared"
+
+
+def test_an_instance_whose_lock_file_another_removed_before_it_locked_it_locks_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two instances starting at once: the other's tidy-up finds this one's new file not locked
+    yet and removes it. The lock must end up on a file others can find, or this instance looks dead."""
+    real = fcntl.flock
+    raced: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not raced:  # the other instance's tidy-up, between this one's open and its lock
+            raced.append(fd)
+            (tmp_path / "instances" / "i-1.lock").unlink()
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    instance = InstanceLock(tmp_path, "i-1")
+    monkeypatch.undo()
+    other = InstanceLock(tmp_path, "i-2")
+    assert raced and other.is_alive("i-1")
+    other.release()
+    instance.release()

@@ -1,6 +1,6 @@
 """Start-up after the checkpoint was lost: the files of claims still in use are kept and their
 records rebuilt; only what the API server shows unused is removed; nothing is removed while the
-API server cannot say."""
+API server cannot say; and a prepare after an unprepare that failed halfway."""
 
 from __future__ import annotations
 
@@ -103,3 +103,32 @@ def test_an_owner_that_is_no_instance_id_is_dead_and_names_no_file(tmp_path: Pat
     assert instance.is_alive("../../x") is False
     assert outside.exists()
     instance.release()
+
+
+def test_a_prepare_after_an_unprepare_that_failed_halfway_restores_every_file_and_the_status(
+    tmp_path: Path, host: Host, monkeypatch: pytest.MonkeyPatch
+):
+    """Unprepare removed the files and withdrew the status, then failed to drop the record (the
+    disk full): the kubelet's next prepare must answer IDs that resolve, with a Ready status."""
+    api = FakeAPI()
+    data, cdi_root = tmp_path / "data", tmp_path / "cdi"
+    p = make_preparer(data, cdi_root, api, "a", host)
+    ref = api.add("default", "c", "uid-1")
+    first = p.prepare([ref])[ref.uid]
+    assert first.error == ""
+    files = {path: path.read_bytes() for path in _files(tmp_path, ref.uid)}
+
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(p._checkpoint, "transaction", full)
+    assert "No space left" in p.unprepare([ref])[ref.uid]
+    assert _files(tmp_path, ref.uid) == [] and api.claims[("default", "c")]["status"]["devices"] == []
+    monkeypatch.undo()
+
+    again = p.prepare([ref])[ref.uid]
+    assert again == first
+    assert {path: path.read_bytes() for path in _files(tmp_path, ref.uid)} == files
+    assert api.claims[("default", "c")]["status"]["devices"]
+    assert Checkpoint(data, "boot").read()[ref.uid].state == STATE_COMPLETED
+    p.close()
