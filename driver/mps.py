@@ -51,6 +51,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from driver.discovery.nvidia_files import BINARY_DIRS, driver_program
+from driver.fsutil import locked
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,11 @@ class MpsDaemons:
         self._needed = needed
         self._complete = complete
         self._period = period
-        self._lock = threading.Lock()  # one sync at a time: no two starts of one daemon
+        # One sync at a time, in this process and on the node: during a rolling update two
+        # instances supervise the same daemons, and one must not start (or remove the PID file
+        # of) a daemon the other is starting.
+        self._lock = threading.Lock()
+        self._lock_path = root.parent / "mps.lock"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -118,7 +123,8 @@ class MpsDaemons:
     def sync(self) -> None:
         """Daemons for exactly the needed GPUs (module docstring). Raises MpsError naming every
         GPU whose daemon could not be started; the others are done regardless."""
-        with self._lock:
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(self._lock, self._lock_path):
             needed = dict(self._needed())
             present = {p.name for p in self.root.iterdir() if p.is_dir()} if self.root.is_dir() else set()
             if self._complete():  # read after `needed`, which reads the records

@@ -39,7 +39,7 @@ from pathlib import Path, PurePosixPath
 from cdi import atomic_write
 from driver.config_api import TIME_SLICE_INTERVALS
 from driver.discovery.nvidia_files import BINARY_DIRS, LIBRARY_DIRS, OutsideRoot, driver_program, resolve_in_root
-from driver.fsutil import read_json_state
+from driver.fsutil import locked, read_json_state
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,10 @@ class TimeSlices:
         self._driver_root = driver_root
         self._needed = needed
         self._complete = complete
-        self._lock = threading.Lock()  # one sync at a time: the note and the GPUs agree
+        # One sync at a time, in this process and on the node (the two instances of a rolling
+        # update): the note and the GPUs agree, and no note is lost to a concurrent rewrite.
+        self._lock = threading.Lock()
+        self._lock_path = data_dir / "time-slices.lock"
 
     def applied(self) -> dict[str, tuple[str, str]]:
         """The note: device name -> (UUID, interval) Tandem set, or is about to set."""
@@ -84,7 +87,8 @@ class TimeSlices:
         docstring). `everything`: apply every needed interval again (start-up: a kill -9 between
         the note and nvidia-smi, or a GPU reset, may have left the GPU otherwise). Raises
         TimeSliceError naming every GPU that failed; the others are done regardless."""
-        with self._lock:
+        self._lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with locked(self._lock, self._lock_path):
             needed = dict(self._needed())
             complete = self._complete()  # read after `needed`, which reads the records
             noted = self.applied()

@@ -5,6 +5,7 @@ needs them, and the stand-in itself behaving like the real program at its interf
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import subprocess
@@ -180,3 +181,23 @@ def test_each_daemon_has_a_private_dev_shm_that_its_claims_mount(daemons: MpsDae
     needed.clear()
     daemons.sync()
     assert not os.path.ismount(shm) and not shm.exists()
+
+
+def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_takes(
+    tmp_path: Path, driver_root: Path
+) -> None:
+    held: list[bool] = []
+
+    def needed() -> dict[str, str | None]:
+        fd = os.open(tmp_path / "data" / "mps.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return {}
+
+    MpsDaemons(tmp_path / "data" / "mps", driver_root, needed).sync()
+    assert held == [True]

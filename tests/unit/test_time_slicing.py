@@ -5,7 +5,9 @@ kill -9 in between; and the combinations that cannot work refused per claim."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -207,3 +209,21 @@ def test_an_interval_this_version_does_not_know_is_an_error_not_a_crash(tmp_path
     with pytest.raises(TimeSliceError, match="'Eternal' is unknown to this version"):
         slices.sync(everything=True)
     assert _slices(state)[0] == 0
+
+
+def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_takes(tmp_path: Path) -> None:
+    held: list[bool] = []
+
+    def needed() -> dict[str, tuple[str | None, str]]:
+        fd = os.open(tmp_path / "data" / "time-slices.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return {}
+
+    TimeSlices(tmp_path / "data", tmp_path / "nowhere", needed).sync()
+    assert held == [True]
