@@ -10,6 +10,8 @@ loopback). What a node daemon needs of a transport is here, and only that:
   client certificate or CA file is picked up by the next connection, as client-go does;
 * a connect timeout and a separate read timeout (a watch gets a longer one);
 * `HTTPS_PROXY`-style proxies: CONNECT tunnels to an https server, absolute URLs to an http one;
+* a server URL with a path (a proxy in front of several clusters, e.g. Rancher's
+  `https://rancher/k8s/clusters/c-1`): every request's path is put under it, as client-go does;
 * up to `maxsize` idle connections kept, more opened when needed and closed after use;
 * a kept connection the server has closed meanwhile (idle timeout, restart) is noticed before it
   is used; if the server closes it in the instant between that check and the request, the request
@@ -98,8 +100,10 @@ class Response:
         """Unblock a reader in another thread at once (a stopping watch): a blocked socket read
         cannot be interrupted any other way."""
         conn = self._conn
-        if conn is not None and conn.sock is not None:
-            conn.sock.shutdown(socket.SHUT_RDWR)
+        # Read once: the reader's thread may close the connection (sock = None) at any moment.
+        sock = conn.sock if conn is not None else None
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -149,7 +153,7 @@ class Sent:
 
 
 class ConnectionPool:
-    """Connections to `server` (scheme://host[:port]); thread-safe."""
+    """Connections to `server` (scheme://host[:port][/path]); thread-safe."""
 
     def __init__(
         self, server: str, tls: TlsSettings | None, proxy: str | None, timeouts: Timeouts, maxsize: int
@@ -157,9 +161,10 @@ class ConnectionPool:
         url = urlsplit(server)
         self._https = url.scheme == "https"
         self._host, self._port = url.hostname or "", url.port
-        self._server = server
+        self._origin = f"{url.scheme}://{url.netloc}"
+        self._prefix = url.path.rstrip("/")  # put before every request's path
         self._tls = tls or TlsSettings()
-        self._proxy = urlsplit(proxy) if proxy else None
+        self._proxy = _proxy_url(proxy) if proxy else None
         if self._proxy is not None and self._proxy.scheme != "http":
             raise ValueError(f"proxy {proxy!r}: only http:// proxies are supported")
         self._timeouts = timeouts
@@ -173,7 +178,7 @@ class ConnectionPool:
         """Send `method target` (path and query) now; its answer is read by `Sent.response`, so the
         caller can work while the server does. Raises what the socket, TLS or HTTP layer raises;
         the caller turns that into its own errors."""
-        request = (method, target, body, headers, read_timeout)
+        request = (method, self._prefix + target, body, headers, read_timeout)
         conn, reused = self._get()
         try:
             self._write(conn, *request)
@@ -218,7 +223,7 @@ class ConnectionPool:
                 conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             conn.sock.settimeout(read_timeout or self._timeouts.read)
             if self._proxy is not None and not self._https:
-                target = self._server + target  # a plain-HTTP proxy takes the absolute URL
+                target = self._origin + target  # a plain-HTTP proxy takes the absolute URL
                 headers = {**headers, **_proxy_auth(self._proxy)}
             conn.request(method, target, body=body, headers=headers)
         except BaseException:
@@ -263,11 +268,21 @@ def _repeatable(reused: bool, method: str) -> bool:
 
 
 def _readable(sock: socket.socket) -> bool:
-    """An idle kept connection with something to read has been closed (EOF) or is out of step."""
+    """An idle kept connection with something to read has been closed (EOF) or is out of step.
+
+    poll, not select: select refuses descriptors from 1024 on, which a busy process reaches."""
+    poller = select.poll()
     try:
-        return bool(select.select([sock], [], [], 0)[0])
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))  # POLLIN, or POLLHUP/POLLERR/POLLNVAL: closed all the same
     except (OSError, ValueError):
         return True
+
+
+def _proxy_url(proxy: str) -> SplitResult:
+    """A proxy URL; without a scheme ("proxy:3128") it is http://, as Go's net/http takes it."""
+    url = urlsplit(proxy)
+    return url if url.netloc else urlsplit("http://" + proxy)
 
 
 def _proxy_auth(proxy: SplitResult) -> dict[str, str]:

@@ -31,8 +31,9 @@ SHARING_TIME_SLICING = "TimeSlicing"
 GPU_SHARING = (SHARING_MPS, SHARING_TIME_SLICING)
 # TimeSlicing's interval, NVIDIA's names for `nvidia-smi compute-policy --set-timeslice` 0..3.
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
-# Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..".
-_IFNAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}$")
+# Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..". Used with
+# fullmatch: `$` would also accept a trailing newline.
+_IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
 
 
 class ConfigDecodeError(ValueError):
@@ -151,7 +152,7 @@ def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
     if kind == "NicConfig":
         if "mode" in out and out["mode"] not in NIC_MODES:
             raise ConfigDecodeError(f"{where}: NicConfig.mode must be one of {list(NIC_MODES)}, got {out['mode']!r}")
-        if "interface_name" in out and not _IFNAME.match(out["interface_name"]):
+        if "interface_name" in out and not _IFNAME.fullmatch(out["interface_name"]):
             raise ConfigDecodeError(
                 f"{where}: NicConfig.interfaceName {out['interface_name'][:40]!r} is not a valid interface name"
             )
@@ -186,10 +187,14 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
         field_ = f"{where}: NicConfig.routes[{i}]"
         if not isinstance(raw, dict) or not set(raw) <= {"destination", "via"} or "destination" not in raw:
             raise ConfigDecodeError(f"{field_} must be an object with destination and, optionally, via")
+        for key, value in raw.items():
+            # ipaddress takes integers too: 0 would become 0.0.0.0/32, true the gateway 0.0.0.1.
+            if not isinstance(value, str):
+                raise ConfigDecodeError(f"{field_}.{key} must be a string, got {type(value).__name__}")
         try:
             destination = ipaddress.ip_network(raw["destination"], strict=True)
-            via = ipaddress.ip_address(raw["via"]) if raw.get("via") is not None else None
-        except (TypeError, ValueError) as e:
+            via = ipaddress.ip_address(raw["via"]) if "via" in raw else None
+        except ValueError as e:
             raise ConfigDecodeError(f"{field_}: {e}") from None
         if via is not None and via.version != destination.version:
             raise ConfigDecodeError(f"{field_}: via {via} and destination {destination} are of different IP versions")

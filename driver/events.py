@@ -14,7 +14,8 @@ As client-go's event recorder (k8s.io/client-go/tools/events) does: an event tha
 object, reason, action and note) while the last one is less than `SERIES_WINDOW` old becomes a
 series, its `series.count` and `lastObservedTime` patched onto the first object instead of a new
 one; each object has a token bucket (`BURST` events, one more every `REFILL` seconds: client-go's
-spam filter), and what it refuses is dropped and counted. Events go out from a thread of their own
+spam filter; as there, the buckets of at most `BUCKETS` objects are kept, the least recently used
+forgotten), and what it refuses is dropped and counted. Events go out from a thread of their own
 (`events`) through a bounded queue: `emit` never blocks and never raises, so an event is never a
 reason to fail or slow a prepare, and an API server that is down costs dropped events only.
 """
@@ -39,8 +40,9 @@ API_VERSION = "events.k8s.io/v1"
 SERIES_WINDOW = 6 * 60.0  # client-go: a series ends after 6 minutes without a repeat
 BURST = 25  # client-go EventSourceObjectSpamFilter: burst 25, refill 1 per 5 minutes
 REFILL = 300.0
+BUCKETS = 4096  # client-go keeps the spam filter's buckets in an LRU cache of this size
 QUEUE = 1000
-NOTE_LIMIT = 1024  # the API server's limit on `note`
+NOTE_LIMIT = 1024  # the API server's limit on `note`, in bytes (of UTF-8)
 _NODE_NAMESPACE = "default"  # events about cluster-scoped objects live here (as the kubelet's)
 
 
@@ -117,7 +119,10 @@ class EventRecorder:
         self._queue: collections.deque[tuple[Occurrence, float]] = collections.deque()
         self._inventory_changed = False
         self._series: dict[Occurrence, _Series] = {}
-        self._buckets: dict[Regarding, _Bucket] = {}
+        # One per object that had events, least recently used first (bounded by BUCKETS): the
+        # claims of a long-running node come and go, and so would the memory of a plain dict.
+        self._buckets: collections.OrderedDict[Regarding, _Bucket] = collections.OrderedDict()
+        self._last_stamp = 0  # nanoseconds of the last event name made: names must not repeat
         self._node_uid = ""
         self._health: dict[str, tuple[Health, bool]] | None = None  # device -> (health, cordoned)
         self._stop = threading.Event()
@@ -211,7 +216,7 @@ class EventRecorder:
             occurrence = Occurrence(regarding, occurrence.type, occurrence.reason, occurrence.action, occurrence.note)
         for key in [k for k, s in self._series.items() if at - s.last > SERIES_WINDOW]:
             del self._series[key]
-        if not self._buckets.setdefault(regarding, _Bucket()).take(time.monotonic()):
+        if not self._bucket(regarding).take(time.monotonic()):
             self._count_dropped()
             return
         series = self._series.get(occurrence)
@@ -227,18 +232,34 @@ class EventRecorder:
         with self._cond:
             self.sent += 1
 
+    def _bucket(self, regarding: Regarding) -> _Bucket:
+        """The object's token bucket, now the most recently used; a new one may evict the least."""
+        if regarding in self._buckets:
+            self._buckets.move_to_end(regarding)
+        else:
+            self._buckets[regarding] = _Bucket()
+            if len(self._buckets) > BUCKETS:
+                self._buckets.popitem(last=False)
+        return self._buckets[regarding]
+
+    def _name(self, regarding: Regarding, at: float) -> str:
+        """client-go's event name: the object's name and the time in nanoseconds, in hex. Go's
+        clock tells apart events made in one loop; time.time() often does not, and a name given
+        twice is a 409 and a lost event, so the time is made to increase with every name."""
+        self._last_stamp = max(int(at * 1e9), self._last_stamp + 1)
+        return f"{regarding.name[:230]}.{self._last_stamp:x}"
+
     def _count_dropped(self) -> None:
         with self._cond:
             self.dropped += 1
 
     def _body(self, o: Occurrence, at: float) -> dict[str, Any]:
         namespace = o.regarding.namespace or _NODE_NAMESPACE
-        note = o.note if len(o.note) <= NOTE_LIMIT else o.note[: NOTE_LIMIT - 3] + "..."
+        note = _truncated(o.note)
         return {
             "apiVersion": API_VERSION,
             "kind": "Event",
-            # client-go's naming: the object's name and the time in nanoseconds, in hex.
-            "metadata": {"name": f"{o.regarding.name[:230]}.{int(at * 1e9):x}", "namespace": namespace},
+            "metadata": {"name": self._name(o.regarding, at), "namespace": namespace},
             "eventTime": micro_time(at),
             "reportingController": self._controller,
             "reportingInstance": f"{self._controller}-{self._node}"[:128],
@@ -248,3 +269,15 @@ class EventRecorder:
             "note": note,
             "type": o.type,
         }
+
+
+def _truncated(note: str) -> str:
+    """`note` within NOTE_LIMIT bytes of UTF-8, cut at a character boundary and marked "...".
+
+    What UTF-8 cannot encode (the surrogates that stand for undecodable bytes of a file name)
+    becomes "?": counting bytes must not fail, and an event is not worth an error."""
+    data = note.encode(errors="replace")
+    if len(data) <= NOTE_LIMIT:
+        return data.decode()
+    # Cutting may split the last character: "ignore" drops its incomplete bytes.
+    return data[: NOTE_LIMIT - 3].decode(errors="ignore") + "..."

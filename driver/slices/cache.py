@@ -4,6 +4,14 @@ The publisher plans against this cache instead of listing before every sync, so 
 costs no API reads; the watch makes slices that someone else deleted or changed wake the
 publisher within moments. Writes the publisher made are put in at once (their watch events come
 later), and resourceVersions decide which copy is newer, so a late event never undoes a write.
+
+A list is read without the lock held, so the watch goes on applying events while it is in
+flight; merging the list must not undo them either. A changed slice carries its newer
+resourceVersion, but a deleted one leaves nothing behind: the deletions seen while a list is in
+flight are remembered (with their resourceVersions) until it is merged, so that one after the
+list's snapshot is not put back from it. The list is a consistent read, so a deletion seen before
+it was asked for is already missing from it. Of two lists in flight at once, the older answer
+is dropped if the newer one was merged first.
 """
 
 from __future__ import annotations
@@ -61,6 +69,8 @@ class LiveSlices:
         # Guarded by _cond:
         self._live: dict[str, dict[str, Any]] = {}
         self._list_rv: int | None = None
+        self._relists = 0  # lists in flight
+        self._deleted: dict[str, int] = {}  # name -> resourceVersion of deletions seen meanwhile
         self.listed = False
         self.watch_restarts = 0  # times the watch was opened again after it ended or failed
         self._watch: SliceWatch | None = None
@@ -101,26 +111,44 @@ class LiveSlices:
 
     def relist(self) -> str:
         """List the slices again; returns the list's resourceVersion to watch from."""
-        items, rv = self._api.list_slices(self._node, self._driver)
-        list_rv = int(rv) if rv.isdigit() else None
         with self._cond:
-            fresh = {}
-            for obj in items:
-                name = metadata(obj).get("name")
-                if isinstance(name, str):
-                    fresh[name] = obj
-            # Keep what the watch or our own writes delivered after the list's snapshot.
-            for name, obj in self._live.items():
-                obj_rv = resource_version(obj)
-                if list_rv is not None and obj_rv is not None and obj_rv > list_rv:
-                    cur = fresh.get(name)
-                    if cur is None or (resource_version(cur) or -1) < obj_rv:
-                        fresh[name] = obj
-            self._live = fresh
-            self._list_rv = list_rv
-            self.listed = True
-            self._changed()
+            self._relists += 1
+        try:
+            items, rv = self._api.list_slices(self._node, self._driver)
+            with self._cond:
+                self._merge(items, int(rv) if rv.isdigit() else None)
+        finally:
+            with self._cond:
+                self._relists -= 1
+                if not self._relists:
+                    self._deleted.clear()
         return rv
+
+    def _merge(self, items: list[dict[str, Any]], list_rv: int | None) -> None:
+        """Make the listed slices the cache, keeping what happened after the list's snapshot.
+        Caller holds the condition."""
+        if list_rv is not None and self._list_rv is not None and list_rv < self._list_rv:
+            return  # a newer list was merged meanwhile: this one has nothing it lacks
+        fresh = {}
+        for obj in items:
+            name = metadata(obj).get("name")
+            if not isinstance(name, str):
+                continue
+            deleted_rv = self._deleted.get(name)
+            if list_rv is not None and deleted_rv is not None and deleted_rv > list_rv:
+                continue  # the watch saw it deleted after the list's snapshot
+            fresh[name] = obj
+        # Keep what the watch or our own writes delivered after the list's snapshot.
+        for name, obj in self._live.items():
+            obj_rv = resource_version(obj)
+            if list_rv is not None and obj_rv is not None and obj_rv > list_rv:
+                cur = fresh.get(name)
+                if cur is None or (resource_version(cur) or -1) < obj_rv:
+                    fresh[name] = obj
+        self._live = fresh
+        self._list_rv = list_rv
+        self.listed = True
+        self._changed()
 
     def _watch_loop(self, rv: str) -> None:
         backoff = Retry(self._backoff)
@@ -171,6 +199,8 @@ class LiveSlices:
             if self._list_rv is not None and obj_rv is not None and obj_rv <= self._list_rv:
                 return  # already part of the last list
             if etype == "DELETED":
+                if self._relists and obj_rv is not None:
+                    self._deleted[name] = obj_rv  # for the lists in flight to merge (`relist`)
                 if self._live.pop(name, None) is None:
                     return
             elif not self.put(name, obj):

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import os
+import resource
 import socket
 import threading
 from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 
 import pytest
 
-from driver.apiconn import ConnectionPool, Timeouts
+from driver.apiconn import ConnectionPool, Response, Timeouts
 
 TIMEOUTS = Timeouts(connect=2.0, read=5.0)
 
@@ -100,6 +103,44 @@ def test_a_connection_is_kept_and_reused(scripted) -> None:
     for _ in range(5):
         assert pool.request("GET", "/x", None, {}).read() == b"{}"
     assert srv.connections == 1 and len(srv.requests) == 5
+    pool.close()
+
+
+@pytest.fixture
+def descriptors_from_1024() -> Iterator[None]:
+    """The process's lowest free file descriptors are 1024 and up, as in a busy daemon."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"the hard limit of open files ({hard}) is too low")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    taken = [os.open(os.devnull, os.O_RDONLY)]
+    try:
+        while taken[-1] < 1024:
+            taken.append(os.open(os.devnull, os.O_RDONLY))
+        yield
+    finally:
+        for fd in taken:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_connection_with_a_descriptor_from_1024_on_is_kept_and_reused(scripted, descriptors_from_1024) -> None:
+    """select() refuses such descriptors: a kept connection must not be taken for closed then."""
+    srv = scripted(_keep_alive)
+    pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
+    for _ in range(3):
+        assert pool.request("GET", "/x", None, {}).read() == b"{}"
+    assert srv.connections == 1
+    pool.close()
+
+
+@pytest.mark.parametrize("path", ["/k8s/clusters/c-1", "/k8s/clusters/c-1/"])
+def test_every_request_path_is_put_under_the_server_urls_path(scripted, path: str) -> None:
+    """A proxy in front of several clusters (Rancher) gives each a server URL with a path."""
+    srv = scripted(_keep_alive)
+    pool = ConnectionPool(srv.url + path, None, None, TIMEOUTS, maxsize=4)
+    assert pool.request("GET", "/api/v1/nodes/n?x=1", None, {}).read() == b"{}"
+    assert srv.requests == [b"GET /k8s/clusters/c-1/api/v1/nodes/n?x=1 HTTP/1.1"]
     pool.close()
 
 
@@ -210,6 +251,26 @@ def test_a_streamed_body_arrives_chunk_by_chunk_and_shutdown_unblocks_its_reader
     release.set()
 
 
+class _ClosedByTheReader:
+    """A connection that its reader's thread closes (`sock` becomes None) just after `sock` was
+    first looked at."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._socks: list[socket.socket | None] = [sock, None]
+
+    @property
+    def sock(self) -> socket.socket | None:
+        return self._socks.pop(0) if len(self._socks) > 1 else self._socks[0]
+
+
+def test_shutdown_while_the_reader_closes_the_connection_does_not_raise() -> None:
+    ours, peer = socket.socketpair()
+    with ours, peer:
+        conn = _ClosedByTheReader(ours)
+        Response(None, conn, SimpleNamespace(status=200, reason="OK")).shutdown()
+        assert peer.recv(1) == b""  # the socket seen was shut down: the peer reads EOF
+
+
 def test_an_unanswered_request_times_out(scripted) -> None:
     silent = threading.Event()
 
@@ -238,6 +299,24 @@ def test_a_plain_http_proxy_gets_the_absolute_url_and_credentials(scripted) -> N
     assert pool.request("GET", "/api/v1/nodes/n", None, {}).read() == b"{}"
     assert prx.requests == [b"GET http://api.example:8080/api/v1/nodes/n HTTP/1.1"]
     assert b"Proxy-Authorization: Basic dXNlcjpwQHNz" in seen[0]  # user:p@ss
+
+
+@pytest.mark.parametrize("path", ["/k8s/clusters/c-1", "/k8s/clusters/c-1/"])
+def test_a_plain_http_proxy_gets_the_server_urls_path_once(scripted, path: str) -> None:
+    prx = scripted(_keep_alive)
+    pool = ConnectionPool("http://api.example:8080" + path, None, f"http://127.0.0.1:{prx.port}", TIMEOUTS, maxsize=4)
+    assert pool.request("GET", "/api/v1/nodes/n", None, {}).read() == b"{}"
+    assert prx.requests == [b"GET http://api.example:8080/k8s/clusters/c-1/api/v1/nodes/n HTTP/1.1"]
+    pool.close()
+
+
+def test_a_proxy_without_a_scheme_is_an_http_proxy(scripted) -> None:
+    """HTTPS_PROXY=proxy:3128 is common, and client-go (Go's net/http) takes it as http://."""
+    prx = scripted(_keep_alive)
+    pool = ConnectionPool("http://api.example:8080", None, f"127.0.0.1:{prx.port}", TIMEOUTS, maxsize=4)
+    assert pool.request("GET", "/api", None, {}).read() == b"{}"
+    assert prx.requests == [b"GET http://api.example:8080/api HTTP/1.1"]
+    pool.close()
 
 
 def test_an_https_server_is_reached_through_a_connect_tunnel(scripted) -> None:

@@ -45,6 +45,7 @@ def test_request_scoping_includes_subrequests():
         ({"apiVersion": V, "kind": "GpuConfig", "pairNics": 1}, "GpuConfig.pairNics must be a bool"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "../../etc"}, "not a valid interface name"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16}, "not a valid interface name"),
+        ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "eth0\n"}, "not a valid interface name"),
         ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive"}, "needs interfaceName"),
         (["not", "an", "object"], "parameters must be an object"),
     ],
@@ -111,6 +112,10 @@ def test_exclusive_ip_settings_are_decoded_canonically():
         ({"routes": [{"destination": "10.10.0.1/16"}]}, r"routes\[0\].*host bits"),
         ({"routes": [{"destination": "10.10.0.0/16", "via": "fd42::1"}]}, "different IP versions"),
         ({"routes": [{"to": "10.10.0.0/16"}]}, "destination"),
+        # ipaddress would take numbers: 0.0.0.0/32 via 0.0.0.1
+        ({"routes": [{"destination": 0, "via": "10.9.0.1"}]}, r"routes\[0\]\.destination must be a string, got int"),
+        ({"routes": [{"destination": "10.10.0.0/16", "via": True}]}, r"routes\[0\]\.via must be a string, got bool"),
+        ({"routes": [{"destination": "10.10.0.0/16", "via": None}]}, r"routes\[0\]\.via must be a string"),
         (
             {"addresses": ["10.9.0.5/24"], "routes": [{"destination": "10.10.0.0/16", "via": "10.8.0.1"}]},
             "none of the networks",

@@ -3,7 +3,9 @@ for a caller to fail; sent through the simulated API server, which validates the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import contextlib
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,20 +24,28 @@ DRIVER = "tandem.dev"
 UID = "0f1e2d3c-4b5a-4678-9abc-def012345678"
 
 
-@pytest.fixture
-def setup(tmp_path: Path) -> Iterator[tuple[SimApiServer, KubeAPI, Inventory, EventRecorder]]:
+@contextlib.contextmanager
+def _running(
+    tmp_path: Path, clock: Callable[[], float] = time.time
+) -> Iterator[tuple[SimApiServer, KubeAPI, Inventory, EventRecorder]]:
     with SimApiServer() as srv:
         srv.add_node(NODE)
         srv.write_kubeconfig(tmp_path / "kubeconfig")
         api = KubeAPI(str(tmp_path / "kubeconfig"))
         inventory = Inventory()
         inventory.replace("gpu", [Device("gpu-0", DeviceKind.GPU), Device("gpu-1", DeviceKind.GPU)])
-        recorder = EventRecorder(api, DRIVER, NODE, inventory.devices)
+        recorder = EventRecorder(api, DRIVER, NODE, inventory.devices, clock)
         inventory.subscribe(recorder.inventory_changed)
         recorder.start()
         yield srv, api, inventory, recorder
         recorder.stop()
         api.close()
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> Iterator[tuple[SimApiServer, KubeAPI, Inventory, EventRecorder]]:
+    with _running(tmp_path) as running:
+        yield running
 
 
 def _events(srv: SimApiServer, namespace: str | None = None) -> list[dict[str, Any]]:
@@ -101,6 +111,41 @@ def test_a_long_note_is_cut_to_the_api_limit(setup) -> None:
     recorder.claim_failed("default", "c", UID, "x" * 5000)
     (event,) = wait_for("the event", lambda: _events(srv))
     assert len(event["note"]) == NOTE_LIMIT and event["note"].endswith("...")
+
+
+def test_a_long_note_is_cut_to_the_api_limit_in_bytes_between_characters(setup) -> None:
+    """The server counts the note's UTF-8 bytes; an error can echo a user's non-ASCII input."""
+    srv, _, _, recorder = setup
+    recorder.claim_failed("default", "c", UID, "字" * 600)  # 3 bytes each
+    (event,) = wait_for("the event", lambda: _events(srv))
+    assert event["note"] == "字" * 340 + "..."  # 1023 bytes: a 341st would split at byte 1021
+    assert len(event["note"].encode()) <= NOTE_LIMIT
+
+
+def test_events_made_at_one_instant_have_names_of_their_own(tmp_path: Path) -> None:
+    """The name is the time in nanoseconds (client-go's), which time.time() often repeats in one
+    loop, e.g. when two devices fail at once: the same name twice would be a 409 and a lost event."""
+    with _running(tmp_path, clock=lambda: 1_700_000_000.0) as (srv, _, inventory, recorder):
+        for device in ("gpu-0", "gpu-1"):
+            inventory.set_conditions("gpu-health", device, [_xid(device)])
+        recorder.claim_failed("default", NODE, UID, "a claim named as the node: the same name prefix")
+        assert poll(lambda: recorder.sent + recorder.dropped == 3)
+        assert recorder.dropped == 0
+        assert sorted(e["reason"] for e in _events(srv)) == ["DeviceUnhealthy", "DeviceUnhealthy", "PrepareFailed"]
+
+
+def test_the_buckets_of_the_objects_least_recently_used_are_forgotten(setup, monkeypatch) -> None:
+    """A bucket per object ever seen would grow with every claim a long-lived node prepares: as
+    client-go's LRU cache, only the last BUCKETS objects' are kept."""
+    srv, _, _, recorder = setup
+    monkeypatch.setattr(events_module, "BURST", 1)
+    monkeypatch.setattr(events_module, "BUCKETS", 2)
+    for claim, note in [("a", "a1"), ("a", "a2"), ("b", "b"), ("a", "a3"), ("c", "c"), ("d", "d"), ("a", "a4")]:
+        recorder.claim_failed("default", claim, UID, note)
+    assert poll(lambda: recorder.sent + recorder.dropped == 7)
+    # a2 and a3: a's bucket is empty and kept (one other object since); a4: two others since,
+    # so a's bucket was forgotten and a new, full one let it through.
+    assert sorted(e["note"] for e in _events(srv)) == ["a1", "a4", "b", "c", "d"]
 
 
 class _Down(KubeAPI):

@@ -1,0 +1,80 @@
+"""The live-slice cache's merge of a list with what the watch applied while the list was in
+flight: a deletion seen after the list's snapshot must not be undone, nor a newer list by an
+older one."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from driver.backoff import Backoff
+from driver.slices.cache import LiveSlices
+
+
+def _slice(name: str, rv: int) -> dict[str, Any]:
+    return {"metadata": {"name": name, "resourceVersion": str(rv)}, "spec": {"pool": {"name": "n", "generation": 1}}}
+
+
+class _Lists:
+    """A server answering each list with the next of `answers`; `during` runs once the list's
+    snapshot is taken, before the answer reaches the cache (what happens meanwhile in other threads)."""
+
+    def __init__(self, *answers: tuple[list[dict[str, Any]], str]) -> None:
+        self._answers = list(answers)
+        self.during: Callable[[], None] | None = None
+
+    def list_slices(self, node: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        answer = self._answers.pop(0)
+        during, self.during = self.during, None
+        if during is not None:
+            during()
+        return answer
+
+
+def _cache(api: _Lists) -> LiveSlices:
+    return LiveSlices(api, "n", "d", threading.Condition(), lambda: None, threading.Event(), Backoff(), 300)
+
+
+def _names(cache: LiveSlices) -> list[str]:
+    return sorted(s["metadata"]["name"] for s in cache.snapshot())
+
+
+def test_a_deletion_the_watch_applied_while_a_list_was_in_flight_is_not_undone() -> None:
+    """The kubelet's wipe or an admin deletes a slice as the publisher lists again (after a 409):
+    the watch delivers the deletion, and no later event will ever name the slice again."""
+    api = _Lists(([_slice("a", 90), _slice("b", 95)], "100"), ([_slice("a", 90), _slice("b", 95)], "200"))
+    cache = _cache(api)
+    cache.relist()
+    api.during = lambda: cache._apply_event("DELETED", _slice("b", 210))
+    assert cache.relist() == "200"
+    assert _names(cache) == ["a"]
+
+
+def test_a_slice_deleted_before_the_list_snapshot_and_created_again_is_kept() -> None:
+    """What the list shows newer than the deletion is a slice made again under that name."""
+    api = _Lists(([_slice("a", 90), _slice("b", 95)], "100"), ([_slice("a", 90), _slice("b", 220)], "230"))
+    cache = _cache(api)
+    cache.relist()
+    api.during = lambda: cache._apply_event("DELETED", _slice("b", 210))
+    cache.relist()
+    assert _names(cache) == ["a", "b"]
+
+
+def test_an_older_list_answered_after_a_newer_one_changes_nothing() -> None:
+    """The watch thread and the publisher's worker may list at once; the answer with the older
+    snapshot must not bring back what the newer one no longer has, nor move the version back."""
+    api = _Lists(
+        ([_slice("a", 90), _slice("b", 95)], "100"),
+        ([_slice("a", 90), _slice("b", 95)], "200"),  # the worker's list, answered last
+        ([_slice("a", 90)], "300"),  # the watch thread's, b deleted at 250 (its event long gone)
+    )
+    cache = _cache(api)
+    cache.relist()
+    api.during = lambda: cache.relist()  # the second list is merged while the first is in flight
+    cache.relist()
+    assert _names(cache) == ["a"]
+    # A watch resuming from the older list replays c's creation (c deleted at 270, its deletion
+    # still to come): the newer list at 300 already shows it gone.
+    cache._apply_event("ADDED", _slice("c", 260))
+    assert _names(cache) == ["a"]
