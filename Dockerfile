@@ -4,8 +4,8 @@
 # It holds the driver and nothing else: the packages `driver` (the daemon, `tandem-driver`,
 # `tandemctl`) and `cdi`, with their pinned runtime dependencies. The simulation (`sim`) and the
 # demo (`demo`) are left out, with their extra dependencies: a privileged pod on every node carries
-# no code it does not run. `tandem-driver demo` therefore does not work in this image; run it from
-# `pip install 'tandem-dra[sim]'` or `hack/demo.sh` in a checkout.
+# no code it does not run. `tandem-driver demo` therefore does not work in this image; run it in a
+# checkout, with `hack/demo.sh` or after `pip install '.[sim]'`.
 #
 #   podman build -t tandem-driver:0.1.0 .        (or: docker build -t tandem-driver:0.1.0 .)
 #

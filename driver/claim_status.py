@@ -70,8 +70,9 @@ def status_entries(
     return out
 
 
-# What exclusive mode does and does not move (docs/scenarios.md, 'Exclusive NICs'), said where
-# users look: CDI netDevices moves the netdev; no runtime moves the RDMA device.
+# What exclusive mode does and does not move (docs/scenarios.md, 'Opaque configuration', "What
+# moves, exactly"; docs/deployment.md, 'Exclusive NICs: what the node needs'), said where users
+# look: CDI netDevices moves the netdev; no runtime moves the RDMA device.
 _EXCLUSIVE_NOTE = (
     "; the netdev moves into the pod under networkData.interfaceName; the RDMA device is not moved: "
     "the pod uses it through the kernel's shared RDMA namespace"

@@ -144,7 +144,13 @@ def _add_socket_flags(p: _Parser) -> None:
 
 def _add_run_flags(p: _Parser) -> None:
     _flag(p, "--node-name", env="NODE_NAME", default="", help="this node's name, required")
-    _flag(p, "--kubeconfig", env="KUBECONFIG", default="", help="kubeconfig path; default in-cluster")
+    _flag(
+        p,
+        "--kubeconfig",
+        env="KUBECONFIG",
+        default="",
+        help="kubeconfig file, or a ':'-separated list merged as kubectl merges it; default in-cluster",
+    )
     _add_socket_flags(p)
     _flag(
         p,
@@ -360,10 +366,17 @@ def driver_main(argv: Sequence[str] | None = None) -> int:
         try:
             from demo.story import run_demo
         except ModuleNotFoundError as e:
-            # The image leaves the simulation out: say so in one line, not with a traceback.
-            print(
-                f"tandem-driver demo: the demo runs from a checkout of Tandem, not this install ({e})", file=sys.stderr
-            )
+            # One line, not a traceback, for the two installs that cannot run it: the image leaves
+            # demo/ and sim/ out, and an install without the `sim` extra lacks what the simulation
+            # imports (the kubernetes client, jsonschema), which the driver itself never needs.
+            if (e.name or "").partition(".")[0] in ("", "demo", "sim"):
+                problem = f"the demo runs from a checkout of Tandem, not this install ({e})"
+            else:
+                problem = (
+                    f"the demo needs the simulation's extra dependencies ({e}): in a checkout, run "
+                    "hack/demo.sh or `pip install '.[sim]'`"
+                )
+            print(f"tandem-driver demo: {problem}", file=sys.stderr)
             return 2
 
         return run_demo(keep=ns.keep, verbose=ns.verbose)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -157,8 +158,8 @@ class Config:
                 f"--driver-name {self.driver_name!r} must be a lower-case DNS subdomain of at most "
                 f"{DRIVER_NAME_MAX} characters in a domain you own, e.g. tandem.dev"
             )
-        if self.kubeconfig is not None and not Path(self.kubeconfig).is_file():
-            raise ConfigError(f"--kubeconfig {self.kubeconfig!r} is not a file")
+        if self.kubeconfig is not None:
+            check_kubeconfig(self.kubeconfig)
         if self.pod_uid and not is_uid(self.pod_uid):
             raise ConfigError(f"--pod-uid {self.pod_uid!r} is not a valid pod UID")
         for flag, path in (
@@ -193,6 +194,30 @@ class Config:
         if self.metrics_address and not (listen and int(listen["port"]) <= 65535):
             raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT (port 0-65535)")
         return self
+
+
+def check_kubeconfig(value: str) -> None:
+    """`--kubeconfig`: one file, or an `os.pathsep`-separated list that
+    `driver.kubeconfig.from_kubeconfig` merges as kubectl does. There a listed file that does not
+    exist is skipped, as kubectl skips it. Checked with the other flags, so that a mistake is a
+    one-line usage error (exit code 2) rather than a failure of the started daemon: at least one
+    name must be a file that exists, and every name that exists must be a file."""
+    names = [name for name in value.split(os.pathsep) if name]
+    if not names:
+        raise ConfigError(f"--kubeconfig {value!r} names no file")
+    if len(names) == 1:
+        if not Path(names[0]).expanduser().is_file():
+            raise ConfigError(f"--kubeconfig {value!r} is not a file")
+        return
+    present = False
+    for name in names:
+        path = Path(name).expanduser()
+        if path.exists():
+            if not path.is_file():
+                raise ConfigError(f"--kubeconfig: {name!r} of the list {value!r} is not a file")
+            present = True
+    if not present:
+        raise ConfigError(f"--kubeconfig {value!r}: none of the listed files exists")
 
 
 def parse_device_kinds(text: str) -> frozenset[DeviceKind]:

@@ -10,11 +10,13 @@
 #   hack/cluster.sh build   only build (or find cached) binaries and images
 #
 # Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
-# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl and containerd, built
-# from their Go modules; runc and the CNI plugins from Debian. Set up as a production cluster:
-# TLS everywhere, Node+RBAC authorization, NodeRestriction, bound service-account tokens, the
-# kubelet with its own node identity. docs/cluster.md explains every setting that differs from a
-# default and why (cgroup v1 on this machine, no registry, one node).
+# kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, containerd and runc, built
+# from their Go modules (runc with cgo and libseccomp, hack/cluster/build.sh: exclusive NICs need
+# the runtime-spec 1.3 `linux.netDevices` that Debian 12's runc 1.1.5 lacks); the CNI plugins from
+# Debian (Debian's runc is installed too, for podman in `image` only). Set up as a production
+# cluster: TLS everywhere, Node+RBAC authorization, NodeRestriction, bound service-account tokens,
+# the kubelet with its own node identity. docs/cluster.md explains every setting that differs from
+# a default and why (cgroup v1 on this machine, no registry, one node).
 #
 # Environment: TANDEM_CLUSTER_STATE (default /var/lib/tandem-cluster), TANDEM_CLUSTER_CACHE
 # (default ~/.cache/tandem-cluster), TANDEM_CLUSTER_TANDEM=none to start no Tandem node process.

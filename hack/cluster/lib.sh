@@ -109,6 +109,10 @@ cluster_up() {
   need_root
   local t0=$SECONDS
   host_prereqs # first: building the images needs Debian's busybox-static on a fresh machine
+  # Tandem's node process, the NIC hardware and the rendering of daemonset.yaml's objects run on
+  # .venv's Python, which on a fresh checkout nothing has made yet (hack/test.sh, hack/demo.sh and
+  # hack/e2e.sh make it too; a second run only checks it).
+  TANDEM_EXTRAS=test "$repo/hack/venv.sh"
   build_binaries
   build_images
   host_mounts_shared

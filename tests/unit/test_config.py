@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import builtins
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +13,7 @@ import pytest
 
 from driver.cli import config_from_args, driver_main, driver_parser
 from driver.config import ConfigError, NicExclusions
+from driver.kubeconfig import cluster_access
 from driver.model import DeviceKind
 
 
@@ -186,6 +189,62 @@ def test_demo_without_the_simulation_says_so_in_one_line(monkeypatch, capsys):
     assert driver_main(["demo"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "runs from a checkout" in err[0]
+
+
+def test_demo_without_the_sim_extra_names_it_in_one_line(monkeypatch, capsys):
+    """The kubernetes client is in the `sim` extra, not a runtime dependency: an install without the
+    extra has demo/ and sim/ but not what they import, and is told which extra to install."""
+    _clean_environment(monkeypatch)
+    real_import = builtins.__import__
+
+    def import_without_the_client(name, *args, **kwargs):
+        if name == "demo.story":  # what importing it raises when the client is not installed
+            raise ModuleNotFoundError("No module named 'kubernetes'", name="kubernetes")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", import_without_the_client)
+    assert driver_main(["demo"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'kubernetes'" in err[0] and "pip install '.[sim]'" in err[0], err
+    assert "runs from a checkout" not in err[0]
+
+
+def _kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(
+        f"clusters: [{{name: c, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: ctx, context: {cluster: c, user: u}}]\n"
+        "current-context: ctx\n"
+    )
+    return path
+
+
+def test_a_kubeconfig_list_is_accepted_and_merged_as_kubectl_merges_it(monkeypatch, tmp_path):
+    """KUBECONFIG=a:b, as kubectl takes it: files that are missing are skipped, the first file to
+    define a name wins; driver.kubeconfig does the merging, the Config only lets the list through."""
+    first = _kubeconfig(tmp_path / "a", "https://first:6443")
+    second = _kubeconfig(tmp_path / "b", "https://second:6443")
+    listed = os.pathsep.join([str(tmp_path / "missing"), str(first), str(second)])
+    c = _config(["--node-name", "n1"], monkeypatch, env={"KUBECONFIG": listed})
+    assert c.kubeconfig == listed
+    assert cluster_access(c.kubeconfig).server == "https://first:6443"
+    c = _config(["--node-name", "n1", "--kubeconfig", f"{second}{os.pathsep}{first}"], monkeypatch)
+    assert cluster_access(c.kubeconfig).server == "https://second:6443"
+
+
+@pytest.mark.parametrize(
+    ("listed", "match"),
+    [
+        (["missing-1", "missing-2"], "none of the listed files exists"),
+        (["missing", "."], r"'\.' of the list .* is not a file"),
+        (["", ""], "names no file"),
+        (["missing", ""], "is not a file"),  # one name: it must be there, as before
+    ],
+)
+def test_a_kubeconfig_list_needs_one_file_and_only_files(listed, match, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=match):
+        _config(["--node-name", "n1", "--kubeconfig", os.pathsep.join(listed)], monkeypatch)
 
 
 def test_command_line_values_get_the_same_checks(monkeypatch):

@@ -176,7 +176,7 @@ def test_dockerignore_keeps_local_state_out_of_the_context() -> None:
         assert not _dockerignore_excludes(path), path
 
 
-# Packaged in the wheel (`tandem-driver demo` from `pip install 'tandem-dra[sim]'`), but not in the
+# Packaged in the wheel (`tandem-driver demo` after `pip install '.[sim]'` in a checkout), but not in the
 # image: the privileged driver pod carries only the driver (issue 11, item 18).
 SIMULATION_PACKAGES = {"sim", "demo"}
 PACKAGES = {p.rstrip("*") for p in PYPROJECT["tool"]["setuptools"]["packages"]["find"]["include"]}

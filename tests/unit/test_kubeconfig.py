@@ -96,6 +96,22 @@ def test_a_list_of_kubeconfigs_is_merged_first_wins(tmp_path: Path) -> None:
     assert access.server == "https://api.example:6443" and access.credentials.header() == "Bearer mine"
 
 
+def test_merged_entries_keep_paths_relative_to_the_file_that_names_them(tmp_path: Path) -> None:
+    """As kubectl resolves them: a file named in a cluster or user is relative to that entry's own
+    kubeconfig, not to the first file of the list."""
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "mine" / "tok").write_text("from-mine\n")
+    first = _write(
+        tmp_path / "mine" / "config",
+        {"users": [{"name": "u", "user": {"tokenFile": "tok"}}], "current-context": "ctx"},
+    )
+    second = _write(tmp_path / "theirs" / "config", _config(cluster={"certificate-authority": "ca.crt"}))
+    access = from_kubeconfig(f"{first}:{second}")
+    assert access.credentials.header() == "Bearer from-mine"
+    assert access.tls == TlsSettings(ca_file=str(tmp_path / "theirs" / "ca.crt"))
+
+
 @pytest.mark.parametrize(
     ("doc", "match"),
     [
