@@ -21,6 +21,7 @@ the environment (``HTTPS_PROXY``/``NO_PROXY``) apply as for the official client.
 from __future__ import annotations
 
 import base64
+import ipaddress
 import os
 import ssl
 import threading
@@ -215,7 +216,27 @@ def _b64(value: object, what: str) -> bytes:
 
 
 def _env_proxy(server: str) -> str | None:
-    """HTTPS_PROXY (or HTTP_PROXY for http) unless NO_PROXY names the server's host."""
+    """HTTPS_PROXY (or HTTP_PROXY for http) unless NO_PROXY names the server's host, by name or,
+    as client-go reads it too, by an IP range: `10.96.0.0/12` keeps the in-cluster API server's
+    service IP off the proxy, which urllib alone would send through it."""
     host = urlsplit(server).hostname or ""
-    proxy = getproxies().get(urlsplit(server).scheme)
-    return proxy if proxy and not proxy_bypass_environment(host) else None
+    proxies = getproxies()
+    proxy = proxies.get(urlsplit(server).scheme)
+    if not proxy or proxy_bypass_environment(host) or _in_ranges(host, proxies.get("no", "")):
+        return None
+    return proxy
+
+
+def _in_ranges(host: str, no_proxy: str) -> bool:
+    """Whether `host` is an IP address within one of the CIDR entries of `no_proxy`."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    for entry in (e.strip() for e in no_proxy.split(",")):
+        try:
+            if "/" in entry and ip in ipaddress.ip_network(entry, strict=False):
+                return True
+        except ValueError:  # a name, or nonsense: not a range
+            continue
+    return False

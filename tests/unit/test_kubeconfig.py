@@ -51,6 +51,24 @@ def test_in_cluster_uses_the_service_account_and_rereads_a_rotated_token(
     assert access.credentials.header() == "Bearer second"
 
 
+def test_no_proxy_ranges_keep_the_in_cluster_api_server_off_the_proxy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """NO_PROXY=10.96.0.0/12 is how clusters exempt the service IPs; names still work as before."""
+    (tmp_path / "ca.crt").write_text("CA")
+    (tmp_path / "token").write_text("t\n")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy:3128")
+    monkeypatch.setenv("NO_PROXY", "nonsense/x, fd00::/8,10.96.0.0/12,.internal")
+
+    def proxy(host: str) -> str | None:
+        return in_cluster({"KUBERNETES_SERVICE_HOST": host, "KUBERNETES_SERVICE_PORT": "443"}, tmp_path).proxy
+
+    assert proxy("10.96.0.1") is None
+    assert proxy("fd00::1") is None
+    assert proxy("api.internal") is None
+    assert proxy("10.200.0.1") == "http://proxy:3128"
+
+
 def test_in_cluster_outside_a_cluster_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster({}, tmp_path)
