@@ -18,11 +18,14 @@ Under the PCI function `devices/.../<bdf>/` (made by `sim.fstree.pci_device_dir`
 * `/dev/infiniband/{uverbs<N>,umad<M>,issm<M>,rdma_cm}`: character devices with the kernel's
   numbers (231:192+N, 231:M, 231:64+M; rdma_cm is a dynamic misc minor, 10:58 here) when we may
   `mknod`, empty files otherwise.
+
+`unplug_nic` hot-removes a rendered NIC the way the kernel does (`render_nic` puts it back).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from sim.fstree import char_device, pci_device_dir, symlink, write
@@ -110,6 +113,29 @@ def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
     elif nic.sriov_totalvfs > 0:
         write(fn / "sriov_totalvfs", f"{nic.sriov_totalvfs}\n")
         write(fn / "sriov_numvfs", f"{nic.sriov_numvfs}\n")
+
+
+def unplug_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
+    """What a hot-remove (or, for a VF, lowering its PF's `sriov_numvfs`) leaves: the PCI
+    function's directory goes with everything under it (netdevs, RDMA device, char device
+    entries), and so do the links to it (`bus/pci/devices`, its driver's, `class/*`, the PF's
+    `virtfn<k>`) and the char device nodes of its RDMA device."""
+    sysfs_root, dev_root = Path(sysfs_root), Path(dev_root)
+    listed = sysfs_root / "bus" / "pci" / "devices" / nic.pci_address
+    fn = listed.resolve()
+    links = [*(sysfs_root / "class").glob("*/*"), *(sysfs_root / "bus" / "pci" / "drivers").glob("*/*")]
+    if (fn / "physfn").is_symlink():
+        links += (fn / "physfn").resolve().glob("virtfn*")
+    for link in links:
+        if link.is_symlink() and link.resolve().is_relative_to(fn):
+            link.unlink()
+    listed.unlink()
+    shutil.rmtree(fn)
+    nodes = [f"uverbs{nic.uverbs_index}"]
+    for port in range(1, nic.ports + 1):
+        nodes += [f"umad{umad_index(nic, port)}", f"issm{umad_index(nic, port)}"]
+    for name in nodes:
+        (dev_root / "infiniband" / name).unlink(missing_ok=True)
 
 
 def _class_entry(fn: Path, sysfs_root: Path, cls: str, name: str, ibdev: str, port: int | None, minor: int) -> None:

@@ -102,13 +102,14 @@ class GpuDiscovery:
             shutdown_nvml(nvml)
 
     def _keep_unreadable(self, devices: list[Device], read_bdfs: set[str]) -> list[Device]:
-        """`devices` plus the last-known devices of GPUs NVML no longer answers for but sysfs still lists."""
+        """`devices` plus the last-known devices of GPUs NVML could not list (in whole: one that
+        answers for itself but not for its MIG devices too) but sysfs still lists."""
         kept: list[Device] = []
         for bdf, last in self._last.items():
             if bdf in read_bdfs:
                 continue
             if (self.sysfs_root / "bus/pci/devices" / bdf).exists():
-                log.warning("GPU %s does not answer NVML but is still on the PCI bus; keeping %s published", bdf,
+                log.warning("GPU %s cannot be listed by NVML but is still on the PCI bus; keeping %s published", bdf,
                             ", ".join(d.name for d in last))  # fmt: skip
                 kept += last
             else:
@@ -133,7 +134,9 @@ class _Session:
     def __init__(self, config: GpuDiscovery, nvml: ModuleType) -> None:
         self.config = config
         self.nvml = nvml
-        self.read_bdfs: set[str] = set()  # GPUs NVML answered for (whatever they publish)
+        # GPUs whose whole listing NVML answered (whatever they publish): the others keep their
+        # last devices (`GpuDiscovery._keep_unreadable`).
+        self.read_bdfs: set[str] = set()
         self.mig = MigReader(nvml, config.proc_root)
 
     def devices(self) -> list[Device]:
@@ -146,13 +149,15 @@ class _Session:
         found: dict[str, Device] = {}
         for index in range(count):
             try:
-                gpu_devices = self._gpu(index, system)
+                bdf, gpu_devices = self._gpu(index, system)
             except DeviceSkipped as e:
                 log.warning("GPU %s skipped: %s", e.args[0], e.args[1])
                 continue
             except Exception as e:  # one GPU's bad data must not hide the others
                 log.warning("GPU at NVML index %d skipped: unexpected %s: %s", index, type(e).__name__, e)
                 continue
+            if bdf:
+                self.read_bdfs.add(bdf)
             for device in gpu_devices:
                 if device.name in found:
                     log.warning("%s reported twice (NVML index %d); keeping the first", device.name, index)
@@ -177,7 +182,9 @@ class _Session:
         attrs.update(gpu_attributes(read_gpudirect(self.config.sysfs_root, self.config.proc_root)))
         return attrs
 
-    def _gpu(self, index: int, system: dict[str, AttrValue]) -> list[Device]:
+    def _gpu(self, index: int, system: dict[str, AttrValue]) -> tuple[str, list[Device]]:
+        """The GPU's PCI address ("" when NVML cannot tell) and its devices; DeviceSkipped (or
+        anything else) when they cannot all be listed."""
         nvml = self.nvml
         try:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -197,15 +204,13 @@ class _Session:
             mig_capable, mig_mode = False, False
 
         bdf = self._bus_id(where, handle)
-        if bdf:
-            self.read_bdfs.add(bdf)
         common = {**self._properties(where, handle), **system}
         topo = topology(self.config.sysfs_root, bdf, self.config.list_attributes) if bdf else Topology({})
         common.update(topo.attributes)
         dynamic = mig_mode and self.config.dynamic_mig(minor, uuid)
         if mig_mode and not dynamic:
             migs = self.mig.devices(where, handle, minor, uuid, bdf, common)
-            return [replace(d, pcie_path=topo.pcie_path) for d in migs]
+            return bdf, [replace(d, pcie_path=topo.pcie_path) for d in migs]
 
         attrs: dict[str, AttrValue] = {"type": "gpu", "uuid": uuid, **common}
         if self.config.list_attributes and mig_capable:
@@ -226,9 +231,9 @@ class _Session:
             pcie_path=topo.pcie_path,
         )
         if dynamic:
-            return self._dynamic(where, handle, whole, common)
+            return bdf, self._dynamic(where, handle, whole, common)
         # Sharing (MIG mode returned above: a MIG-mode GPU's MIG devices are its partitions).
-        return [shareable(whole) if self.config.gpu_sharing(minor, uuid) else whole]
+        return bdf, [shareable(whole) if self.config.gpu_sharing(minor, uuid) else whole]
 
     def _dynamic(self, where: str, handle: Any, whole: Device, common: dict[str, AttrValue]) -> list[Device]:
         """A dynamic-MIG GPU (`driver.discovery.dynamic_mig`); its MIG devices alone when NVML cannot

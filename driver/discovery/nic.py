@@ -9,7 +9,9 @@ modules; here the default-route functions are left out, and a kept NIC the confi
 Kept devices: `discover(keep=...)` names PCI addresses of allocated NICs. One that discovery does
 not publish now (its netdev moved into a pod, or it stopped qualifying) is published from its last
 known attributes with `NicInfo.present=False` and `state="absent"`; never seen before (e.g. after a
-restart), it is rebuilt from what sysfs still shows of the PCI function and its RDMA device.
+restart), it is rebuilt from what sysfs still shows of the PCI function and its RDMA device. One
+whose PCI function is gone (hot-removed) is kept too, so that NIC health's `nic-lost` taint
+(`driver.health.nic`) evicts its pods rather than vanishing with it.
 """
 
 from __future__ import annotations

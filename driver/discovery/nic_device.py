@@ -174,13 +174,8 @@ class NicDeviceReader:
 
     @staticmethod
     def _gid_names(port_dir: Path, ifname: str) -> bool:
-        for entry in (port_dir / "gid_attrs/ndevs").glob("*"):
-            try:
-                if entry.read_text().strip() == ifname:
-                    return True
-            except OSError:  # the kernel answers EINVAL for empty GID slots
-                continue
-        return False
+        # The kernel answers EINVAL for empty GID slots, read as "".
+        return any(read_or_empty(entry) == ifname for entry in (port_dir / "gid_attrs/ndevs").glob("*"))
 
     @staticmethod
     def _char_device(class_dir: Path, prefix: str, rdma_name: str, port: int | None) -> str:

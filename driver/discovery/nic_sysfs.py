@@ -3,14 +3,20 @@
 NIC discovery reads dozens of small sysfs files per function, and NIC health a few per NIC every
 poll (`driver.health.link_sysfs`); a kernel bug, a half-removed device or a test tree can make any
 of them absent, garbled or a symlink loop. These readers turn that into `NicError` (or the errors
-in `BROKEN`), so that one broken entry costs only the NIC it describes.
+in `BROKEN`), so that one broken entry costs only the NIC it describes. The lenient readers
+(`read_or_empty`, `read_int`) take a file that is not UTF-8 as unreadable, as they take an absent
+one: a netdev name may be any bytes (a tenant can rename the netdev of an exclusive NIC, and
+the RDMA side shows that name in `gid_attrs/ndevs/*`), and one such file must not stop a pass.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 # A PCI function address as sysfs spells it (functions 0-7; SR-IOV VFs get their own bus/device).
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
@@ -48,17 +54,25 @@ def read(path: str | os.PathLike[str]) -> str:
     return b"".join(chunks).decode().strip()
 
 
-def read_or_empty(path: Path) -> str:
+def _read_or_none(path: Path) -> str | None:
+    """`read`, or None when the file cannot be read (absent; EINVAL, e.g. `speed` of a link that
+    is down) or is not UTF-8 (logged, naming the file: nothing else would tell it was there)."""
     try:
         return read(path)
     except OSError:
-        return ""
+        return None
+    except UnicodeDecodeError as e:
+        log.warning("%s: not UTF-8 (%s); taken as unreadable", path, e)
+        return None
+
+
+def read_or_empty(path: Path) -> str:
+    return _read_or_none(path) or ""
 
 
 def read_int(path: Path, default: int | None = None) -> int | None:
-    try:
-        text = read(path)
-    except OSError:  # absent, or EINVAL (e.g. `speed` of a link that is down)
+    text = _read_or_none(path)
+    if text is None:
         return default
     try:
         return int(text, 0)

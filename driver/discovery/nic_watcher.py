@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from driver.backoff import Backoff, Retry
 from driver.discovery import netlink, rtnl
 from driver.discovery.nic_scan import NicDiscoveryError
 from driver.discovery.rtnl import Link
@@ -33,6 +34,7 @@ from driver.wakepipe import WakePipe
 log = logging.getLogger(__name__)
 
 MAX_TRACKED_LINKS = 1 << 16
+DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=30.0)  # between failed steps of the thread
 
 
 class NicWatcher:
@@ -48,6 +50,8 @@ class NicWatcher:
     node) only `trigger()` and the resync call it. `may_be_nic` judges a link message (see the
     module docstring); by default every link may be one. `is_nic` says which ifindexes the last
     discovery found NICs at: those always count, whatever the message let the watcher judge.
+    A link `may_be_nic` fails on counts as one that may be a NIC; any other failure of the
+    thread is logged, waited out (`backoff`) and answered with a callback, as a dropped event is.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class NicWatcher:
         netlink: bool = True,
         may_be_nic: Callable[[Link], bool] = lambda _link: True,
         is_nic: Callable[[int], bool] = lambda _index: False,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self.callback = callback
         self.netns = netns
@@ -69,6 +74,7 @@ class NicWatcher:
         self.use_netlink = netlink
         self.may_be_nic = may_be_nic
         self.is_nic = is_nic
+        self.backoff = backoff
         self.events = 0  # netlink messages received
         self.ignored = 0  # of those, messages about links that are no NIC
         self._nic_links: dict[int, tuple[bool, str]] = {}  # ifindex -> (may be a NIC, name)
@@ -129,32 +135,47 @@ class NicWatcher:
             self._wakeup.close()
 
     def _run(self) -> None:
-        period = self.resync_period
-        next_resync = time.monotonic() + period if period is not None else None
+        next_resync = self._next_resync(time.monotonic())
+        failures = Retry(self.backoff)
+        while not self._stopping.is_set():
+            try:
+                next_resync = self._step(next_resync)
+                failures.reset()
+            except Exception:  # the watcher must outlive any one failure, a bad link's included
+                delay = failures.next()
+                log.exception("NIC watcher failed; rescanning in %.1fs", delay)
+                self._note_event(time.monotonic())  # what the failed step lost, a rescan reads
+                self._stopping.wait(delay)
+
+    def _next_resync(self, now: float) -> float | None:
+        return now + self.resync_period if self.resync_period is not None else None
+
+    def _step(self, next_resync: float | None) -> float | None:
+        """One wait-and-handle step of the thread; returns when the next resync is due."""
         assert self._wakeup is not None  # start() made it before starting this thread
         wakeup = self._wakeup
         readers: list[WakePipe | socket.socket] = [wakeup] + ([self._sock] if self._sock is not None else [])
-        while not self._stopping.is_set():
-            now = time.monotonic()
-            if self._pending_since is not None:
-                due = min(self._last_event + self.quiet, self._pending_since + self.max_delay)
-            else:
-                due = next_resync
-            ready, _, _ = select.select(readers, [], [], None if due is None else max(0.0, due - now))
-            now = time.monotonic()
-            if self._sock in ready and self._drain_socket():
-                self._note_event(now)
-            if wakeup in ready and b"t" in wakeup.drain():
-                self._note_event(now)
-            if self._stopping.is_set():
-                break
-            fire = self._pending_since is not None and (
-                now >= self._last_event + self.quiet or now >= self._pending_since + self.max_delay
-            )
-            if fire or (next_resync is not None and now >= next_resync):
-                self._pending_since = None
-                next_resync = now + period if period is not None else None
-                self._call()
+        now = time.monotonic()
+        if self._pending_since is not None:
+            due = min(self._last_event + self.quiet, self._pending_since + self.max_delay)
+        else:
+            due = next_resync
+        ready, _, _ = select.select(readers, [], [], None if due is None else max(0.0, due - now))
+        now = time.monotonic()
+        if self._sock in ready and self._drain_socket():
+            self._note_event(now)
+        if wakeup in ready and b"t" in wakeup.drain():
+            self._note_event(now)
+        if self._stopping.is_set():
+            return next_resync
+        fire = self._pending_since is not None and (
+            now >= self._last_event + self.quiet or now >= self._pending_since + self.max_delay
+        )
+        if fire or (next_resync is not None and now >= next_resync):
+            self._pending_since = None
+            next_resync = self._next_resync(now)
+            self._call()
+        return next_resync
 
     def _note_event(self, now: float) -> None:
         if self._pending_since is None:
@@ -208,10 +229,10 @@ class NicWatcher:
         if deleted:
             # Judged when it was seen; a link never seen is judged now, if netlink names its
             # parent device (sysfs no longer shows a link that has left).
-            nic = before[0] if before is not None else (self.may_be_nic(link) if link.parent_bus else True)
+            nic = before[0] if before is not None else (self._judge(link) if link.parent_bus else True)
             self._link_events.pop(name, None)
         else:
-            nic = self.may_be_nic(link)
+            nic = self._judge(link)
             if len(self._nic_links) >= MAX_TRACKED_LINKS or len(self._link_events) >= MAX_TRACKED_LINKS:
                 self._rejudge()
             self._nic_links[index] = (nic, name)
@@ -225,8 +246,20 @@ class NicWatcher:
         """A verdict for every link of the namespace now: OSError when it cannot be read."""
         with netlink.RouteSocket(self.netns) as rs:
             links = rs.links()
-        self._nic_links = {link.index: (self.may_be_nic(link), link.name) for link in links}
+        self._nic_links = {link.index: (self._judge(link), link.name) for link in links}
         self._link_events = {n: self._link_events.get(n, 0) for nic, n in self._nic_links.values() if nic}
+
+    def _judge(self, link: Link) -> bool:
+        """`may_be_nic`; True when it fails (e.g. a sysfs entry of the link that cannot be read):
+        such a link's messages count, so a rediscovery reads it afresh, and one link that cannot
+        be judged never stops the watcher, nor its start."""
+        try:
+            return self.may_be_nic(link)
+        except Exception:
+            log.warning(
+                "cannot judge link %s (ifindex %d); counting its messages", link.name, link.index, exc_info=True
+            )
+            return True
 
     def _rejudge(self) -> None:
         try:

@@ -25,6 +25,8 @@ _BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f]$")
 # NVML's form: an 8-digit domain, upper case ("00000000:1B:00.0").
 _NVML_BDF = re.compile(r"^([0-9a-f]{8}):([0-9a-f]{2}:[0-9a-f]{2}\.[0-9a-f])$")
 MAX_NUMA_NODE = 1023
+# One part of a sysfs CPU list (`cpulist`): a CPU number, or an inclusive range of them.
+_CPU_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
 def is_pci_bus_id(value: str) -> bool:
@@ -83,13 +85,17 @@ def numa_node(sysfs_root: Path, bdf: str) -> int | None:
     return node
 
 
-def _parse_cpulist(text: str) -> list[int]:
-    """ "0-3,8,10-11" -> [0, 1, 2, 3, 8, 10, 11]; ValueError on garbage."""
-    cpus: list[int] = []
+def _first_cpu(text: str) -> int | None:
+    """The lowest CPU of a cpulist ("8,0-3,10-11" -> 0); None for an empty list (a memory-only
+    node). Checked but never expanded: a corrupt "0-4294967295" costs no more than "0-3".
+    ValueError naming the part that is neither a CPU number nor an ascending range."""
+    first: int | None = None
     for part in filter(None, text.split(",")):
-        lo, sep, hi = part.partition("-")
-        cpus += range(int(lo), int(hi) + 1) if sep else [int(lo)]
-    return cpus
+        m = _CPU_RANGE.fullmatch(part)
+        if m is None or (m.group(2) is not None and int(m.group(2)) < int(m.group(1))):
+            raise ValueError(f"{part[:32]!r} is neither a CPU number nor an ascending range of them")
+        first = int(m.group(1)) if first is None else min(first, int(m.group(1)))
+    return first
 
 
 def _online_nodes(node_dir: Path) -> list[int]:
@@ -102,14 +108,15 @@ def _online_nodes(node_dir: Path) -> list[int]:
 
 def _socket(sysfs_root: Path, node: int) -> int | None:
     """The CPU package of a NUMA node (None for memory-only nodes or unreadable topology)."""
-    text = _read(sysfs_root / "devices" / "system" / "node" / f"node{node}" / "cpulist")
+    path = sysfs_root / "devices" / "system" / "node" / f"node{node}" / "cpulist"
     try:
-        cpus = _parse_cpulist(text or "")
-    except ValueError:
+        cpu = _first_cpu(_read(path) or "")
+    except ValueError as e:
+        log.warning("socket of NUMA node %d: %s is not a CPU list: %s", node, path, e)
         return None
-    if not cpus:
+    if cpu is None:
         return None
-    pkg = _read(sysfs_root / "devices" / "system" / "cpu" / f"cpu{cpus[0]}" / "topology" / "physical_package_id")
+    pkg = _read(sysfs_root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology" / "physical_package_id")
     try:
         return int(pkg) if pkg is not None else None
     except ValueError:

@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from driver.health.gpu_policy import NAMES as GPU_CONDITIONS
-from driver.health.nic_signals import LINK_DOWN, RDMA_PORT_DOWN
+from driver.health.nic_signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN
 from driver.model import TaintEffect
 
 
 def condition_keys(domain: str) -> dict[str, str]:
     """Every condition key a health source can raise -> the source that owns it ("gpu" or "nic")."""
     keys = {f"{domain}/{n}": "gpu" for n in GPU_CONDITIONS}
-    keys.update({f"{domain}/{n}": "nic" for n in (LINK_DOWN, RDMA_PORT_DOWN)})
+    keys.update({f"{domain}/{n}": "nic" for n in (LINK_DOWN, RDMA_PORT_DOWN, NIC_LOST)})
     return keys
 
 

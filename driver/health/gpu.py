@@ -18,6 +18,14 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
   so releasing one GPU releases NVML) the session is closed at once and none is opened until the
   reacquire; the GPUs' last verdicts stand meanwhile.
 
+Conditions are recorded against what they are about, by UUID (`HealthState`): a GPU's probe
+verdicts and the events NVML attributes to no instance against the GPU, and so against every
+device of it; an event attributed to a MIG device against that instance. A device publishes its
+GPU's and its own instance's. A name outlives its instance: a MIG device destroyed and made again
+at the same GI/CI is a new instance with a new UUID, a GPU swapped in at the same minor has a new
+UUID too, and neither inherits what the old one had; a dynamic-MIG partition not made yet has no
+instance of its own, so only its GPU's.
+
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
 errors no event reported (e.g. a lost event), to all devices of the GPU (`gpu_memory`).
@@ -52,6 +60,7 @@ from driver.health.gpu_policy import (
     GpuHealthPolicy,
     HealthState,
     RecoveryAction,
+    event_subjects,
     event_targets,
     index_gpus,
 )
@@ -116,7 +125,8 @@ class GpuHealthMonitor:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._probe_requested = threading.Event()
-        self._known_gpus: frozenset[str] = frozenset()
+        self._known: frozenset[tuple[str, str]] = frozenset()  # the inventory's (device, instance) pairs
+        self._published: dict[str, frozenset[Condition]] = {}  # device name -> its conditions as published
         self._probe_cond = threading.Condition()
         self._probe_seq = 0  # probes started
         self._probe_done = 0  # the sequence number of the last probe that finished
@@ -209,12 +219,10 @@ class GpuHealthMonitor:
     def _nvml_unavailable(self, reason: str) -> None:
         log.warning("GPU health: NVML unavailable (%s); retrying", reason)
         self._count(errors=1)
-        changed = set()
-        for gpu in index_gpus(self.inventory.devices()).values():
-            for d in gpu.devices:
-                if self._state.set_hard(d, [self.policy.unmonitored(reason)]):
-                    changed.add(d)
-        self._publish(changed)
+        gpus = index_gpus(self.inventory.devices())
+        for uuid in gpus:
+            self._state.set_hard(uuid, [self.policy.unmonitored(reason)])
+        self._publish(gpus)
 
     def _loop(self, s: Session) -> None:
         next_probe = self.clock()
@@ -228,7 +236,8 @@ class GpuHealthMonitor:
                 self._probe_requested.clear()
                 self._probe(s)
                 next_probe = self.clock() + self.probe_period
-            self._publish(self._state.expire(self.clock()))
+            if self._state.expire(self.clock()):
+                self._publish()
             if self._stop.is_set():
                 return
             if s.event_set is None or not s.registered:
@@ -270,13 +279,14 @@ class GpuHealthMonitor:
                 self._count(errors=1)
                 self._probe_requested.set()
                 return
-        gpu = index_gpus(self.inventory.devices()).get(uuid)
+        gpus = index_gpus(self.inventory.devices())
+        gpu = gpus.get(uuid)
         if gpu is None:
             log.warning("NVML event %s (data %d) from GPU %s, which publishes no devices", name, edata, uuid)
             return
-        targets = event_targets(gpu, gi, ci)
+        targets, subjects = event_targets(gpu, gi, ci), event_subjects(gpu, gi, ci)
         now = self.clock()
-        changed: set[str] = set()
+        changed = False
         if etype == XID:
             action = self._event_recovery_action(s, data.device)
             cond = self.policy.xid(edata, action)
@@ -290,16 +300,17 @@ class GpuHealthMonitor:
                 ", ".join(targets),
                 cond.message,
             )
-            changed |= self._observe(targets, cond, now)
+            changed = self._observe(subjects, cond, now)
         elif etype == DOUBLE_BIT:
             self._count(double_bit_ecc=1)
             self._ecc.reported(uuid, UNCORRECTED)
-            changed |= self._observe(targets, self.policy.double_bit_ecc(), now)
+            changed = self._observe(subjects, self.policy.double_bit_ecc(), now)
         elif etype == SINGLE_BIT:
             self._count(single_bit_ecc=1)
             self._ecc.reported(uuid, CORRECTED)
-            changed |= self._single_bits(gpu, 1, now)
-        self._publish(changed)
+            changed = self._single_bits(gpu, 1, now)
+        if changed:
+            self._publish(gpus)
 
     def _event_recovery_action(self, s: Session, handle: Any) -> int | None:
         """The GPU's recovery action right after an XID; None when it cannot be read (the XID then
@@ -311,15 +322,16 @@ class GpuHealthMonitor:
             self._count(errors=1)
             return None
 
-    def _observe(self, devices: Iterable[str], cond: Condition, now: float) -> set[str]:
-        return {d for d in devices if self._state.observe(d, cond, now)}
+    def _observe(self, subjects: Iterable[str], cond: Condition, now: float) -> bool:
+        """Records an event against each subject; whether any subject's conditions changed."""
+        return bool({s for s in subjects if self._state.observe(s, cond, now)})
 
-    def _single_bits(self, gpu: GpuDevices, count: int, now: float) -> set[str]:
+    def _single_bits(self, gpu: GpuDevices, count: int, now: float) -> bool:
         rate = self._sbe_rate.setdefault(gpu.uuid, EventRate(self.policy.single_bit_window))
         total = rate.add(count, now)
         if total < self.policy.single_bit_threshold:
-            return set()
-        return self._observe(gpu.devices, self.policy.single_bit_ecc_rate(total), now)
+            return False
+        return self._observe([gpu.uuid], self.policy.single_bit_ecc_rate(total), now)
 
     # --- the probe -------------------------------------------------------------------------------
 
@@ -337,7 +349,7 @@ class GpuHealthMonitor:
 
     def _probe_gpus(self, s: Session) -> None:
         gpus = index_gpus(self.inventory.devices())
-        self._known_gpus = frozenset(gpus)
+        self._known = _instances(gpus)
         self._forget_gone(gpus)
         answering: dict[str, Any] = {}
         found: dict[str, list[Condition]] = {}
@@ -351,13 +363,12 @@ class GpuHealthMonitor:
             if handle is not None:
                 answering[uuid] = handle
         nvml_events.register(s, answering, lambda: self._count(errors=1))
-        changed = set()
-        for uuid, gpu in gpus.items():
+        for uuid in gpus:
             conds = list(found[uuid])
             if uuid in s.unmonitored:
                 conds.append(self.policy.unmonitored(s.unmonitored[uuid]))
-            changed |= {d for d in gpu.devices if self._state.set_hard(d, conds)}
-        self._publish(changed)
+            self._state.set_hard(uuid, conds)
+        self._publish(gpus)
 
     def _probe_gpu(self, s: Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:
         """The GPU's hard conditions now, and its handle if it answers."""
@@ -396,47 +407,64 @@ class GpuHealthMonitor:
         if kind == UNCORRECTED:
             self._count(double_bit_ecc=unreported)
             log.warning("GPU %s: %d double-bit ECC error(s) without an event", gpu.uuid, unreported)
-            self._publish(self._observe(gpu.devices, self.policy.double_bit_ecc(unreported), now))
+            self._observe([gpu.uuid], self.policy.double_bit_ecc(unreported), now)
         else:
             self._count(single_bit_ecc=unreported)
-            self._publish(self._single_bits(gpu, unreported, now))
+            self._single_bits(gpu, unreported, now)
 
     # --- inventory -------------------------------------------------------------------------------
 
     def _inventory_changed(self) -> None:
-        """Called by the inventory (any thread): a GPU came or went, so probe and (re)register."""
+        """Called by the inventory (any thread): a GPU came or went, so probe and (re)register; a
+        device names another instance, so probe, which publishes what that one has (`_publish`)."""
         if self._stop.is_set():
             return
-        gpus = frozenset(index_gpus(self.inventory.devices()))
-        if gpus != self._known_gpus:
-            self._known_gpus = gpus
+        known = _instances(index_gpus(self.inventory.devices()))
+        if known != self._known:
+            self._known = known
             self.trigger_probe()
 
     def _forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
-        present = {d for g in gpus.values() for d in g.devices}
-        gone = self._state.devices() - present
-        for d in gone:
-            self._state.forget(d)
-        self._publish(gone)
+        present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
+        for subject in self._state.subjects() - present:
+            self._state.forget(subject)
         self._ecc.keep_only(gpus)
         for uuid in set(self._sbe_rate) - set(gpus):
             del self._sbe_rate[uuid]
 
-    def _publish(self, devices: Iterable[str]) -> None:
-        for d in sorted(devices):
-            conds = self._state.conditions(d)
+    def _publish(self, gpus: dict[str, GpuDevices] | None = None) -> None:
+        """Publishes the conditions of every device that changed: its GPU's and its own
+        instance's; a device that left the inventory has none. `gpus`: the inventory's, when the
+        caller has just read them."""
+        gpus = index_gpus(self.inventory.devices()) if gpus is None else gpus
+        now = {
+            name: self._state.conditions(gpu.uuid) | self._state.conditions(instance)
+            for gpu in gpus.values()
+            for name, instance in gpu.instances.items()
+        }
+        for d in sorted(now.keys() | self._published.keys()):
+            conds = now.get(d, frozenset())
+            if conds == self._published.get(d, frozenset()):
+                continue
             try:
                 self.inventory.set_conditions(self.source, d, conds)
             except Exception:
                 log.exception("%s: cannot publish health conditions", d)
                 continue
             if conds:
+                self._published[d] = conds
                 level = logging.WARNING if any(c.unhealthy for c in conds) else logging.INFO
                 log.log(level, "%s: %s", d, "; ".join(sorted(f"{c.key}={c.value} ({c.effect})" for c in conds)))
             else:
+                del self._published[d]
                 log.info("%s: no GPU health conditions", d)
 
     def _count(self, **deltas: int) -> None:
         with self._counters_lock:
             for name, n in deltas.items():
                 setattr(self._counters, name, getattr(self._counters, name) + n)
+
+
+def _instances(gpus: dict[str, GpuDevices]) -> frozenset[tuple[str, str]]:
+    """Every (device name, instance UUID) pair of the GPUs."""
+    return frozenset(pair for gpu in gpus.values() for pair in gpu.instances.items())

@@ -74,8 +74,10 @@ NAMES = (XID, ECC, GPU_LOST, ROW_REMAP_PENDING, ROW_REMAP_FAILED, NVML_ERROR, UN
 DOUBLE_BIT = "double-bit"
 SINGLE_BIT = "single-bit"
 
-# So that a burst of different XIDs cannot crowd the taints of one device (the API allows 16).
-MAX_XIDS_PER_DEVICE = 8
+# So that a burst of different XIDs cannot crowd the taints of one device (the API allows 16). Per
+# `HealthState` subject: a MIG device shows its GPU's and its own, at most twice this many, and
+# as `xid` sorts after every other condition key the inventory's cut at 16 drops XIDs first.
+MAX_XIDS_PER_SUBJECT = 8
 
 _XID_NAMES = {
     13: "graphics engine exception",
@@ -272,10 +274,12 @@ class EventRate:
 
 
 class HealthState:
-    """The conditions of each device, with the time each transient one was last seen.
+    """The conditions of each subject, with the time each transient one was last seen. A subject
+    is what conditions are about: the monitor (`driver.health.gpu`) uses a GPU's UUID and a MIG
+    device's, so a device made again under the same name (a new UUID) has none of the old one's.
 
-    Pure: time is passed in, nothing is published. Every method that can change what a device
-    reports returns whether (or which devices) changed, so the caller publishes only those.
+    Pure: time is passed in, nothing is published. Every method that can change what a subject
+    reports returns whether (or which subjects) changed.
     """
 
     def __init__(self, policy: GpuHealthPolicy) -> None:
@@ -283,55 +287,55 @@ class HealthState:
         self._transient: dict[str, dict[tuple[str, str], tuple[Condition, float]]] = {}
         self._hard: dict[str, frozenset[Condition]] = {}
 
-    def observe(self, device: str, condition: Condition, now: float) -> bool:
+    def observe(self, subject: str, condition: Condition, now: float) -> bool:
         """An event happened: (re)start the condition's quiet period."""
         recovery, _ = self.policy.recovery(condition)
         if recovery is not Recovery.TRANSIENT:
             raise ValueError(f"{condition.key} is not an event condition")
-        before = self.conditions(device)
-        conds = self._transient.setdefault(device, {})
+        before = self.conditions(subject)
+        conds = self._transient.setdefault(subject, {})
         conds.pop((condition.key, condition.value), None)
         conds[(condition.key, condition.value)] = (condition, now)  # dict order = last seen
         xids = [k for k in conds if k[0] == self.policy.key(XID)]
-        for k in xids[: max(len(xids) - MAX_XIDS_PER_DEVICE, 0)]:
+        for k in xids[: max(len(xids) - MAX_XIDS_PER_SUBJECT, 0)]:
             del conds[k]
-        return self.conditions(device) != before
+        return self.conditions(subject) != before
 
-    def set_hard(self, device: str, conditions: Iterable[Condition]) -> bool:
+    def set_hard(self, subject: str, conditions: Iterable[Condition]) -> bool:
         """What the probe found now (empty: nothing wrong); replaces the last probe's verdict."""
         new = frozenset(conditions)
-        old = self._hard.get(device, frozenset())
+        old = self._hard.get(subject, frozenset())
         if new:
-            self._hard[device] = new
+            self._hard[subject] = new
         else:
-            self._hard.pop(device, None)
+            self._hard.pop(subject, None)
         return new != old
 
     def expire(self, now: float) -> set[str]:
-        """Drop transient conditions whose quiet period has passed; the devices that changed."""
+        """Drop transient conditions whose quiet period has passed; the subjects that changed."""
         changed = set()
-        for device, conds in list(self._transient.items()):
+        for subject, conds in list(self._transient.items()):
             for k, (cond, seen) in list(conds.items()):
                 _, quiet = self.policy.recovery(cond)
                 if now - seen >= quiet:
                     del conds[k]
-                    changed.add(device)
+                    changed.add(subject)
             if not conds:
-                del self._transient[device]
+                del self._transient[subject]
         return changed
 
-    def forget(self, device: str) -> bool:
-        had = device in self._transient or device in self._hard
-        self._transient.pop(device, None)
-        self._hard.pop(device, None)
+    def forget(self, subject: str) -> bool:
+        had = subject in self._transient or subject in self._hard
+        self._transient.pop(subject, None)
+        self._hard.pop(subject, None)
         return had
 
-    def devices(self) -> set[str]:
+    def subjects(self) -> set[str]:
         return set(self._transient) | set(self._hard)
 
-    def conditions(self, device: str) -> frozenset[Condition]:
-        transient = (c for c, _ in self._transient.get(device, {}).values())
-        return frozenset(transient) | self._hard.get(device, frozenset())
+    def conditions(self, subject: str) -> frozenset[Condition]:
+        transient = (c for c, _ in self._transient.get(subject, {}).values())
+        return frozenset(transient) | self._hard.get(subject, frozenset())
 
 
 # --- which devices an NVML event is about --------------------------------------------------------
@@ -344,21 +348,25 @@ class GpuDevices:
     uuid: str
     devices: tuple[str, ...]
     migs: Mapping[tuple[int, int], str] = field(default_factory=dict)  # (GI, CI) -> device name
+    # Device name -> the UUID of the instance it names now: the GPU's, a MIG device's ("" for a
+    # dynamic-MIG partition not made yet). A name outlives its instance: a MIG device made again
+    # at the same GI/CI, a GPU swapped in at the same minor.
+    instances: Mapping[str, str] = field(default_factory=dict)
 
 
 def index_gpus(devices: Iterable[Device]) -> dict[str, GpuDevices]:
     """Group the inventory's GPU and MIG devices by the UUID of the physical GPU."""
-    names: dict[str, list[str]] = {}
+    instances: dict[str, dict[str, str]] = {}
     migs: dict[str, dict[tuple[int, int], str]] = {}
     for d in devices:
         info = d.gpu
         parent = (info.parent_uuid or info.uuid) if info is not None else ""
         if info is None or not parent:  # a dynamic-MIG partition not made yet has only its parent's
             continue
-        names.setdefault(parent, []).append(d.name)
+        instances.setdefault(parent, {})[d.name] = info.uuid
         if info.parent_uuid and info.mig_gi is not None and info.mig_ci is not None:
             migs.setdefault(parent, {})[(info.mig_gi, info.mig_ci)] = d.name
-    return {u: GpuDevices(u, tuple(sorted(n)), migs.get(u, {})) for u, n in names.items()}
+    return {u: GpuDevices(u, tuple(sorted(n)), migs.get(u, {}), n) for u, n in instances.items()}
 
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributable to a GPU/compute instance"
@@ -371,11 +379,21 @@ def event_targets(gpu: GpuDevices, gi: int, ci: int) -> tuple[str, ...]:
     otherwise (no MIG, unknown or undecodable instance) every device of the GPU: better to taint
     a healthy neighbour for a quiet period than to miss the sick one.
     """
-    if gi != NO_INSTANCE and gpu.migs:
-        exact = gpu.migs.get((gi, ci))
-        if exact is not None:
-            return (exact,)
-        same_gi = tuple(sorted(name for (g, _), name in gpu.migs.items() if g == gi))
-        if same_gi:
-            return same_gi
-    return gpu.devices
+    return _attributed(gpu, gi, ci) or gpu.devices
+
+
+def event_subjects(gpu: GpuDevices, gi: int, ci: int) -> tuple[str, ...]:
+    """What an event's condition is recorded against (`HealthState`): the UUIDs of the MIG
+    devices its instance IDs name, as it is about those instances; otherwise the GPU's UUID, as
+    it is about the GPU and so about every device of it (`event_targets`)."""
+    return tuple(gpu.instances[name] for name in _attributed(gpu, gi, ci)) or (gpu.uuid,)
+
+
+def _attributed(gpu: GpuDevices, gi: int, ci: int) -> tuple[str, ...]:
+    """The MIG devices an event's instance IDs name (see `event_targets`); () when they name none."""
+    if gi == NO_INSTANCE or not gpu.migs:
+        return ()
+    exact = gpu.migs.get((gi, ci))
+    if exact is not None:
+        return (exact,)
+    return tuple(sorted(name for (g, _), name in gpu.migs.items() if g == gi))

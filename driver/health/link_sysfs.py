@@ -3,8 +3,9 @@
 On a real node link state comes from netlink; RDMA ports have no events anywhere and are always
 read here (`class/infiniband/<dev>/ports/<p>/{state,phys_state}`). On the simulated node, whose
 NICs exist only as a sysfs tree, links are read here too (`class/net/<if>/{operstate,carrier,
-flags,ifindex}`). A file in a form that cannot be read makes its signal unobservable, with one
-warning per file.
+flags,ifindex}`). Whether a NIC's PCI function is still there is read here on every node
+(`bus/pci/devices/<bdf>`). A file in a form that cannot be read makes its signal unobservable,
+with one warning per file.
 
 This runs every poll for every NIC (six files and a directory each), so paths are plain strings
 and files are read by `nic_sysfs.read`, straight through the OS.
@@ -34,6 +35,7 @@ class LinkSysfs:
     def __init__(self, sysfs_root: Path, on_error: Callable[[], None]) -> None:
         self._net = os.path.join(sysfs_root, "class/net")
         self._infiniband = os.path.join(sysfs_root, "class/infiniband")
+        self._pci = os.path.join(sysfs_root, "bus/pci/devices")
         self._on_error = on_error
         self._warned: set[str] = set()
 
@@ -44,8 +46,8 @@ class LinkSysfs:
             log.warning(message, *args)
 
     def _read(self, path: str) -> str | None:
-        """Contents of a sysfs file; None when it is absent or unreadable (EINVAL: `carrier` of a
-        link that is administratively down)."""
+        """Contents of a sysfs file; None when it is absent, unreadable (EINVAL: `carrier` of a
+        link that is administratively down) or not UTF-8 (garbled: unobservable, like unreadable)."""
         try:
             return nic_sysfs.read(path)
         except FileNotFoundError:
@@ -53,6 +55,9 @@ class LinkSysfs:
         except OSError as e:
             if e.errno != errno.EINVAL:
                 self._warn_once(path, "cannot read %s: %s", path, e)
+            return None
+        except UnicodeDecodeError as e:
+            self._warn_once(path, "%s: not UTF-8 (%s), not judged", path, e)
             return None
 
     def link(self, ifname: str) -> LinkState | None:
@@ -73,6 +78,18 @@ class LinkSysfs:
         if carrier is None:  # the kernel refuses to say while the link is administratively down
             carrier = False if not admin_up else operstate.lower() not in BAD_OPERSTATES
         return LinkState(index, ifname, operstate.lower(), admin_up, carrier)
+
+    def function_gone(self, pci_address: str) -> bool:
+        """Whether sysfs no longer lists the PCI function. Only its absence says so: any other
+        failure to look (warned once) is no verdict, as a wrong one would evict the NIC's pods."""
+        path = f"{self._pci}/{pci_address}"
+        try:
+            os.stat(path)
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            self._warn_once(path, "cannot tell whether PCI function %s is present: %s", pci_address, e)
+        return False
 
     def ports(self, rdma_device: str) -> dict[int, Fault | None]:
         """Each readable port of an RDMA device with its fault; ports sysfs does not show, or

@@ -9,6 +9,10 @@ Signals, per NIC in the inventory:
   sysfs-only mode (the simulated node) from sysfs (`link_sysfs`).
 * RDMA port state from sysfs, polled (sysfs has no events): `class/infiniband/<dev>/ports/<p>/state`
   not ACTIVE, or `phys_state` not LinkUp.
+* Its PCI function, polled in sysfs (`bus/pci/devices/<bdf>`): gone means the NIC is lost
+  (hot-removed, or a VF destroyed). Discovery keeps such a NIC published while it is allocated;
+  this condition, NoExecute by default like the GPU's `gpu-lost`, evicts the pods that hold a NIC
+  that no longer exists instead of leaving it healthy. It clears when the function is back.
 
 What a state means and how long it must hold (the debounce) is `nic_signals`; this module follows
 the inventory's NICs, reads their signals and publishes the settled faults as conditions, in one
@@ -17,8 +21,11 @@ thread ("nic-health").
 A NIC whose netdev is not visible (`NicInfo.present` False: moved into a pod, which the inventory
 allows only while it is allocated) is unobservable, not down: its link says nothing, and a link
 condition it had is withdrawn. Its RDMA ports are still judged while sysfs shows them (shared RDMA
-namespace mode); in exclusive mode they vanish from the host's sysfs and say nothing either.
+namespace mode); in exclusive mode they vanish from the host's sysfs and say nothing either. Its
+PCI function stays listed (PCI devices belong to no namespace), so it is not lost.
 
+One NIC whose state cannot be read (a failure no reader expected) is logged and left as it was
+for that round; the others are still judged and published.
 """
 
 from __future__ import annotations
@@ -39,7 +46,15 @@ from driver.backoff import Backoff, Retry
 from driver.discovery import netlink, rtnl
 from driver.discovery.rtnl import LinkEvent, LinkState
 from driver.health.link_sysfs import LinkSysfs
-from driver.health.nic_signals import LINK_DOWN, RDMA_PORT_DOWN, Debounced, Fault, link_fault
+from driver.health.nic_signals import (
+    FUNCTION_GONE,
+    LINK_DOWN,
+    NIC_LOST,
+    RDMA_PORT_DOWN,
+    Debounced,
+    Fault,
+    link_fault,
+)
 from driver.inventory import Inventory
 from driver.model import Condition, DeviceKind, NicInfo, TaintEffect
 from driver.resource_api import rfc3339
@@ -55,13 +70,14 @@ class _Nic:
     """The parts of an inventory NIC the monitor watches; a change of any means a re-read."""
 
     name: str
+    pci_address: str
     ifname: str
     rdma_device: str
     present: bool
 
     @classmethod
     def of(cls, name: str, info: NicInfo) -> _Nic:
-        return cls(name, info.ifname, info.rdma_device, info.present)
+        return cls(name, info.pci_address, info.ifname, info.rdma_device, info.present)
 
 
 @dataclass
@@ -71,17 +87,19 @@ class _Watched:
     link_ifname: str = ""  # the netdev name when the link fault was first seen, for the message
     ifindex: int = 0
     ports: dict[int, Debounced] = field(default_factory=dict)
+    lost: Debounced | None = None  # None until its PCI function is first looked for
     published: frozenset[Condition] = frozenset()
 
 
 class NicHealthMonitor:
     """Turns NIC link and RDMA port state into `<domain>/link-down` and `<domain>/rdma-port-down`
-    conditions of health source `source`; one thread, started by `start()`.
+    conditions, and a PCI function that is gone into `<domain>/nic-lost`, of health source
+    `source`; one thread, started by `start()`.
 
     `effects` overrides the taint effect per condition key (the full key, e.g.
-    `tandem.dev/link-down`); NoSchedule otherwise. `poll()` runs one round synchronously (the
-    thread runs it every `poll_period`); with an injected `clock` a test steps the debounce
-    without sleeping. The counters are for metrics.
+    `tandem.dev/link-down`); NoSchedule otherwise, NoExecute for `nic-lost`. `poll()` runs one
+    round synchronously (the thread runs it every `poll_period`); with an injected `clock` a test
+    steps the debounce without sleeping. The counters are for metrics.
     """
 
     def __init__(
@@ -111,16 +129,21 @@ class NicHealthMonitor:
         self.wall_clock = wall_clock
         self.link_key = f"{domain}/{LINK_DOWN}"
         self.port_key = f"{domain}/{RDMA_PORT_DOWN}"
-        self.effects = {self.link_key: TaintEffect.NO_SCHEDULE, self.port_key: TaintEffect.NO_SCHEDULE}
+        self.lost_key = f"{domain}/{NIC_LOST}"
+        self.effects = {
+            self.link_key: TaintEffect.NO_SCHEDULE,
+            self.port_key: TaintEffect.NO_SCHEDULE,
+            self.lost_key: TaintEffect.NO_EXECUTE,
+        }
         for key, effect in (effects or {}).items():
             if key not in self.effects:
                 raise ValueError(f"unknown NIC health condition {key!r}; known: {sorted(self.effects)}")
             self.effects[key] = TaintEffect(effect)
 
         self.netlink_events = 0  # link messages about watched NICs (the others are skipped unread)
-        self.link_transitions = 0  # observed changes of a link's or port's fault (before debounce)
+        self.link_transitions = 0  # observed changes of a link's, port's or PCI function's fault (before debounce)
         self.condition_changes = 0  # changes of a device's published conditions
-        self.errors = 0  # failed rounds, socket failures, unreadable sysfs entries
+        self.errors = 0  # failed rounds and NICs, socket failures, unreadable sysfs entries
 
         self._lock = threading.RLock()
         self._watched: dict[str, _Watched] = {}
@@ -171,16 +194,21 @@ class NicHealthMonitor:
     # ----------------------------------------------------------------------------- one round
 
     def poll(self) -> None:
-        """Re-reads every watched NIC (netlink or sysfs for links, sysfs for ports) and publishes
-        what has held for `debounce`."""
+        """Re-reads every watched NIC (netlink or sysfs for links, sysfs for ports and PCI
+        functions) and publishes what has held for `debounce`."""
         with self._lock:
             now = self.clock()
             self._refresh()
             states = self._read_links([w for w in self._watched.values() if w.nic.present and w.nic.ifname])
             for w in self._watched.values():
-                if states is not None:
-                    self._observe_link(w, states.get(w.nic.ifname) if w.nic.present else None, now)
-                self._observe_ports(w, now)
+                try:
+                    if states is not None:
+                        self._observe_link(w, states.get(w.nic.ifname) if w.nic.present else None, now)
+                    self._observe_ports(w, now)
+                    self._observe_function(w, now)
+                except Exception:  # one NIC that cannot be read must not blind the monitor to the rest
+                    self.errors += 1
+                    log.exception("NIC %s: cannot read its state; judged again next round", w.nic.name)
             self._resync = False
             self._publish(now)
 
@@ -227,7 +255,7 @@ class NicHealthMonitor:
 
     @staticmethod
     def _signals(w: _Watched) -> list[Debounced]:
-        return ([w.link] if w.link is not None else []) + list(w.ports.values())
+        return [d for d in (w.link, w.lost) if d is not None] + list(w.ports.values())
 
     def _on_inventory_change(self) -> None:
         self._inventory_changed = True
@@ -292,11 +320,22 @@ class NicHealthMonitor:
             if d.observe(fault, now):
                 self.link_transitions += 1
 
+    def _observe_function(self, w: _Watched, now: float) -> None:
+        if w.lost is None:
+            w.lost = Debounced(self.debounce, now)
+        if w.lost.observe(FUNCTION_GONE if self._sysfs.function_gone(w.nic.pci_address) else None, now):
+            self.link_transitions += 1
+
     def _conditions(self, w: _Watched) -> frozenset[Condition]:
         out = []
         if w.link is not None and w.link.reported is not None:
             f = w.link.reported
             out.append(self._condition(self.link_key, f, f"{w.link_ifname}: {f.reason}", w.link.reported_since_wall))
+        if w.lost is not None and w.lost.reported is not None:
+            f = w.lost.reported
+            out.append(
+                self._condition(self.lost_key, f, f"{w.nic.pci_address}: {f.reason}", w.lost.reported_since_wall)
+            )
         for d in w.ports.values():
             if d.reported is not None:
                 message = f"{w.nic.rdma_device}: {d.reported.reason}"
@@ -322,7 +361,7 @@ class NicHealthMonitor:
         if conditions:
             log.warning("NIC %s: %s", name, "; ".join(sorted(c.message for c in conditions)))
         else:
-            log.info("NIC %s: link and RDMA ports healthy again (or no longer observable)", name)
+            log.info("NIC %s: healthy again, or no longer observable (link, RDMA ports, PCI function)", name)
 
     def _next_due(self) -> float | None:
         dues = [t for w in self._watched.values() for d in self._signals(w) if (t := d.due()) is not None]

@@ -18,6 +18,7 @@ from driver.discovery.netlink import LinkState
 
 LINK_DOWN = "link-down"
 RDMA_PORT_DOWN = "rdma-port-down"
+NIC_LOST = "nic-lost"
 BAD_OPERSTATES = frozenset({"down", "lowerlayerdown", "notpresent"})
 GOOD_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 GOOD_PHYS_STATES = frozenset({"LinkUp"})
@@ -69,6 +70,11 @@ class Debounced:
         self.reported = self.observed
         self.reported_since_wall = wall - (now - self.observed_since)
         return True
+
+
+# The PCI function has left sysfs (`bus/pci/devices/<bdf>`): hot-removed, or a VF whose PF's
+# `sriov_numvfs` was lowered. Its netdev moving into a pod leaves the function where it is.
+FUNCTION_GONE = Fault("", "PCI function gone from the bus")
 
 
 def link_fault(state: LinkState) -> Fault | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import ModuleType
 
@@ -247,6 +247,44 @@ def test_mig_event_is_attributed_to_its_instance(node: Callable[[NodeProfile], N
         "the whole GPU",
         lambda: all(("tandem.dev/xid", "32", TaintEffect.NO_SCHEDULE) in n.taints(d) for d in n.names(0)),
     )
+
+
+def test_a_mig_device_made_again_at_the_same_gi_ci_has_none_of_the_old_ones_faults(
+    node: Callable[[NodeProfile], Node],
+) -> None:
+    """Destroyed and made again, a MIG device keeps its name (GI/CI) but is a new instance (a new
+    UUID): the old instance's XID is not its own. What its GPU has, it still has; its neighbours
+    keep their own."""
+    n = node(a100_mig_node(gpus=1, per_gpu=3))
+    n.start()
+    n.ready()
+    old, neighbour = n.profile.gpus[0].mig_devices[1], n.profile.gpus[0].mig_devices[2]
+    name = f"gpu-0-mig-1g-5gb-{old.gi_id}-{old.ci_id}"
+    other = f"gpu-0-mig-1g-5gb-{neighbour.gi_id}-{neighbour.ci_id}"
+    own, gpu_wide = ("tandem.dev/xid", "94", TaintEffect.NO_SCHEDULE), ("tandem.dev/xid", "32", TaintEffect.NO_SCHEDULE)
+    n.event(0, XID, 94, gi=old.gi_id, ci=old.ci_id)
+    n.event(0, XID, 94, gi=neighbour.gi_id, ci=neighbour.ci_id)
+    n.event(0, XID, 32)  # no instance: the whole GPU's
+    wait_for("all three xid taints", lambda: n.taints(name) == n.taints(other) == {own, gpu_wide})
+    n.profile.gpus[0].mig_devices[1] = replace(old, uuid="MIG-ffffffff-0000-4000-8000-000000000001")
+    n.discover()  # the inventory change alone: no probe asked for, the quiet periods far away
+    wait_for("the old instance's xid gone", lambda: n.taints(name) == {gpu_wide})
+    assert n.taints(other) == {own, gpu_wide}
+    n.event(0, XID, 94, gi=old.gi_id, ci=old.ci_id)  # the new instance's own fault
+    wait_for("the new instance's own xid", lambda: n.taints(name) == {own, gpu_wide})
+
+
+def test_a_gpu_swapped_in_at_the_same_minor_starts_clean(node: Callable[[NodeProfile], Node]) -> None:
+    n = node(h100_node(gpus=2, nics=0))
+    n.start()
+    n.ready()
+    n.event(0, XID, 94)
+    n.event(1, XID, 94)
+    wait_for("both xid taints", lambda: bool(n.taints("gpu-0")) and bool(n.taints("gpu-1")))
+    n.profile.gpus[0] = replace(n.profile.gpus[0], uuid="GPU-ffffffff-0000-4000-8000-000000000001")
+    n.discover()
+    wait_for("the new GPU clean", lambda: n.taints("gpu-0") == set())
+    assert n.taints("gpu-1") == {("tandem.dev/xid", "94", TaintEffect.NO_SCHEDULE)}
 
 
 def test_row_remap_pending_comes_and_goes(node: Callable[[NodeProfile], Node]) -> None:

@@ -23,6 +23,7 @@ from sim.profile import MigProfileSpec, NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor, render_node
 
 NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_GPU_IS_LOST = 15
 NVML_ERROR_UNKNOWN = 999
 
 Discover = Callable[..., list[Device]]
@@ -380,3 +381,24 @@ def test_a_gpu_that_stops_answering_but_stays_on_the_bus_stays_published(tmp_pat
         # Removed from the PCI bus for real (hot-unplug): then it goes.
         (tmp_path / "sys/bus/pci/devices" / profile.gpus[1].pci_bus_id).unlink()
         assert "gpu-1" not in {d.name for d in discovery.discover()}
+
+
+def test_a_mig_gpu_whose_mig_devices_cannot_be_listed_keeps_its_last_ones(tmp_path: Path) -> None:
+    """NVML still answers for the GPU itself (identity, MIG mode, PCI info) but not for its MIG
+    devices: that is no listing, so its last MIG devices stay published, and with them the health
+    monitor's gpu-lost taint that evicts their pods."""
+    profile = a100_mig_node(gpus=2, per_gpu=2)
+    render_node(profile, tmp_path / "sys", tmp_path / "dev", tmp_path / "proc")
+    state = tmp_path / "nvml.json"
+    sim_nvml.write_state(profile, state)
+    with sim_nvml.fake_pynvml_in_process(state):
+        discovery = GpuDiscovery(tmp_path / "sys", proc_root=tmp_path / "proc")
+        before = discovery.discover()
+        profile.gpus[0].nvml_errors = {"nvmlDeviceGetMaxMigDeviceCount": NVML_ERROR_GPU_IS_LOST}
+        sim_nvml.write_state(profile, state)
+        assert discovery.discover() == before
+        # Its MIG devices all destroyed, and listed so: none is kept.
+        profile.gpus[0].nvml_errors = {}
+        profile.gpus[0].mig_devices = []
+        sim_nvml.write_state(profile, state)
+        assert {d.name for d in discovery.discover()} == {d.name for d in before if d.name.startswith("gpu-1-")}

@@ -7,7 +7,7 @@ import pytest
 from driver.health import parse_taint_effects
 from driver.health.gpu_policy import (
     APPLICATION_XIDS,
-    MAX_XIDS_PER_DEVICE,
+    MAX_XIDS_PER_SUBJECT,
     NO_INSTANCE,
     EventRate,
     GpuDevices,
@@ -188,7 +188,7 @@ def test_transient_condition_clears_after_a_quiet_period() -> None:
     assert state.conditions("gpu-0") == {p.xid(79)}
     assert state.expire(115.0) == {"gpu-0"}
     assert state.conditions("gpu-0") == frozenset()
-    assert state.devices() == set()
+    assert state.subjects() == set()
 
 
 def test_each_xid_has_its_own_quiet_period() -> None:
@@ -203,11 +203,11 @@ def test_each_xid_has_its_own_quiet_period() -> None:
 def test_xids_per_device_are_capped_oldest_first() -> None:
     p = GpuHealthPolicy()
     state = HealthState(p)
-    for i in range(MAX_XIDS_PER_DEVICE + 3):
+    for i in range(MAX_XIDS_PER_SUBJECT + 3):
         state.observe("gpu-0", p.xid(200 + i), now=float(i))
     state.observe("gpu-0", p.double_bit_ecc(), now=50.0)
     values = sorted(int(c.value) for c in state.conditions("gpu-0") if c.key == "tandem.dev/xid")
-    assert values == list(range(203, 200 + MAX_XIDS_PER_DEVICE + 3))
+    assert values == list(range(203, 200 + MAX_XIDS_PER_SUBJECT + 3))
     assert p.double_bit_ecc() in state.conditions("gpu-0")
 
 
@@ -277,6 +277,9 @@ def test_index_groups_devices_by_physical_gpu() -> None:
     assert set(index) == {"GPU-a", "GPU-b"}
     assert index["GPU-a"].devices == ("gpu-0",) and not index["GPU-a"].migs
     assert index["GPU-b"].migs == {(7, 0): "gpu-1-mig-1g-5gb-7-0", (8, 0): "gpu-1-mig-1g-5gb-8-0"}
+    # Which instance each name stands for now: health state is about an instance, not a name.
+    assert index["GPU-a"].instances == {"gpu-0": "GPU-a"}
+    assert index["GPU-b"].instances == {"gpu-1-mig-1g-5gb-7-0": "MIG-1", "gpu-1-mig-1g-5gb-8-0": "MIG-2"}
 
 
 def test_event_targets() -> None:

@@ -17,15 +17,19 @@ from driver.backoff import Backoff
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.rtnl import LinkEvent, LinkState
 from driver.health import nic as nic_health
+from driver.health import parse_taint_effects
+from driver.health.link_sysfs import LinkSysfs
 from driver.health.nic import NicHealthMonitor
 from driver.health.nic_signals import Debounced, Fault, link_fault, port_fault
 from driver.inventory import Inventory
 from driver.model import Device, Health, TaintEffect
+from sim.nics import render_nic, unplug_nic
 from sim.profile import h100_node
 from sim.sysfs import render_node
 
 LINK = "tandem.dev/link-down"
 PORT = "tandem.dev/rdma-port-down"
+LOST = "tandem.dev/nic-lost"
 DOWN = Fault("carrier", "no carrier")
 WALL = 1_780_000_000.0  # 2026-05-28T20:26:40Z
 LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
@@ -323,6 +327,90 @@ def test_unreadable_port_state_is_not_judged_and_warned_once(node: SimNic, caplo
     assert node.taints(0) == set()
     assert caplog.text.count("not a port state") == 1
     assert mon.errors == 3
+
+
+def test_a_port_state_that_is_not_utf8_is_not_judged_and_costs_no_other_nic(node: SimNic, caplog) -> None:
+    """A garbled file reads as an unreadable one (warned once, naming it): that NIC's port is
+    not judged, and the round goes on to judge and publish the others."""
+    mon = node.monitor(debounce=0.5)
+    mon.poll()
+    node.set_link(1, up=False)
+    node.port_file(0).write_bytes(b"\xff\xfe4: ACTIVE\n")
+    with caplog.at_level(logging.WARNING, logger="driver.health.link_sysfs"):
+        node.step(mon, 1.0)
+        node.step(mon, 1.0)
+    assert node.taints(1) == {(LINK, "carrier", "NoSchedule")}
+    assert node.taints(0) == set()
+    assert caplog.text.count(f"{node.port_file(0)}: not UTF-8") == 1
+    assert mon.errors == 2
+
+
+def test_a_nic_that_cannot_be_read_does_not_stop_the_round(node: SimNic, monkeypatch, caplog) -> None:
+    """Whatever a reader did not expect, on one NIC: logged and counted, and every other NIC is
+    still judged and published in the same round."""
+    broken = node.profile.nics[0].rdma_device
+    ports = LinkSysfs.ports
+
+    def failing(self: LinkSysfs, rdma_device: str) -> dict[int, Fault | None]:
+        if rdma_device == broken:
+            raise RuntimeError("unexpected")
+        return ports(self, rdma_device)
+
+    monkeypatch.setattr(LinkSysfs, "ports", failing)
+    mon = node.monitor(debounce=0.5)
+    node.set_link(1, up=False)
+    with caplog.at_level(logging.ERROR, logger="driver.health.nic"):
+        mon.poll()
+        node.step(mon, 0.5)
+    assert node.taints(1) == {(LINK, "carrier", "NoSchedule")}
+    assert mon.errors == 2 and caplog.text.count(f"NIC {node.names[0]}: cannot read its state") == 2
+
+
+def _unplug(node: SimNic, i: int) -> str:
+    """Hot-removes NIC `i` while a claim holds it: discovery keeps it, absent. Its PCI address."""
+    nic = node.profile.nics[i]
+    unplug_nic(nic, node.sys, node.dev)
+    node.rediscover(keep={nic.pci_address})
+    return nic.pci_address
+
+
+def test_a_nic_whose_pci_function_is_gone_is_lost_until_it_is_back(node: SimNic) -> None:
+    """Kept published while allocated, as a lost GPU is: NoExecute evicts the pods that hold a
+    NIC that no longer exists. Its link and port conditions are gone with it (unobservable)."""
+    mon = node.monitor(debounce=1.0)
+    node.set_link(0, up=False)
+    mon.poll()
+    node.step(mon, 1.0)
+    assert node.taints(0) == {(LINK, "carrier", "NoSchedule")}
+    pci = _unplug(node, 0)
+    assert node.device(0).nic is not None and not node.device(0).nic.present
+    mon.poll()  # first seen gone
+    node.step(mon, 0.75)
+    assert node.taints(0) == set()  # not yet: gone for less than the debounce
+    node.step(mon, 0.25)
+    assert node.taints(0) == {(LOST, "", "NoExecute")}
+    d = node.device(0)
+    assert d.health == Health.UNHEALTHY
+    assert d.health_message == f"{pci}: PCI function gone from the bus since 2026-05-28T20:26:41Z"
+    assert node.taints(1) == set()
+
+    # Plugged in again (the same function, rescanned): present, and no longer lost.
+    render_nic(node.profile.nics[0], node.sys, node.dev)
+    node.set_link(0, up=True)
+    node.rediscover()
+    mon.poll()  # first seen back
+    node.step(mon, 0.75)
+    assert node.taints(0) == {(LOST, "", "NoExecute")}
+    node.step(mon, 0.25)
+    assert node.taints(0) == set() and node.device(0).health == Health.HEALTHY
+
+
+def test_the_lost_taint_takes_the_effect_configured(node: SimNic) -> None:
+    mon = node.monitor(debounce=0.5, effects=parse_taint_effects([f"{LOST}=NoSchedule"]))
+    _unplug(node, 1)
+    mon.poll()
+    node.step(mon, 0.5)
+    assert node.taints(1) == {(LOST, "", "NoSchedule")}
 
 
 def test_netlink_events_follow_the_ifindex_across_a_rename(node: SimNic) -> None:

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import os
 import shutil
 import socket
 import stat
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from driver.config import NicExclusions
+from driver.backoff import Backoff
+from driver.config import NO_EXCLUSIONS, NicExclusions
 from driver.discovery import netlink, nic_sysfs, rtnl
 from driver.discovery.nic import ABSENT_STATE, NicDiscovery
-from driver.discovery.nic_device import device_name
-from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.nic_device import RDMA_NETNS_MODE, device_name
+from driver.discovery.nic_scan import NicDiscoveryError, NicScanner
 from driver.discovery.nic_watcher import NicWatcher
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Device, DeviceKind
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
@@ -116,18 +119,23 @@ def test_list_attributes_publish_address_lists(node: Node) -> None:
     assert scalar.attributes["ipv4"] == "10.0.0.2/24"
 
 
-def test_gid_table_maps_a_netdev_when_the_function_has_no_infiniband_link(node: Node) -> None:
-    s = spec(1)
-    node.add(s)
-    # Move the RDMA device out of the PCI function, as for a device registered elsewhere (rxe).
+def _move_rdma_device_out(node: Node, s: NicSpec) -> None:
+    """Move the RDMA device out of the PCI function, as for a device registered elsewhere (rxe):
+    only the GID tables then say which netdev it serves."""
     fn = (node.sys / "bus/pci/devices" / s.pci_address).resolve()
     virtual = node.sys / "devices/virtual/infiniband"
-    virtual.mkdir(parents=True)
+    virtual.mkdir(parents=True, exist_ok=True)
     shutil.move(fn / "infiniband" / s.rdma_device, virtual / s.rdma_device)
     (fn / "infiniband").rmdir()
     link = node.sys / "class/infiniband" / s.rdma_device
     link.unlink()
     link.symlink_to(os.path.relpath(virtual / s.rdma_device, link.parent))
+
+
+def test_gid_table_maps_a_netdev_when_the_function_has_no_infiniband_link(node: Node) -> None:
+    s = spec(1)
+    node.add(s)
+    _move_rdma_device_out(node, s)
 
     d = node.by_name()["pci-0000-8b-00-0"]
     assert d.attributes["rdmaDevice"] == s.rdma_device
@@ -312,6 +320,52 @@ def test_malformed_sysfs_skips_that_nic_only(node: Node, caplog) -> None:
     assert "not a number" in caplog.text and "not a PCI ID" in caplog.text
 
 
+def _port_file(node: Node, s: NicSpec, name: str) -> Path:
+    return node.sys / "class/infiniband" / s.rdma_device / "ports/1" / name
+
+
+def test_a_file_that_is_not_utf8_reads_as_unreadable_and_costs_no_nic(node: Node, caplog) -> None:
+    """Any file can be garbled, and a netdev name may be any bytes: the tenant of an exclusive NIC
+    can rename its netdev, and the RDMA side shows that name in `gid_attrs/ndevs/*`. Such a file
+    reads as an absent one, with a warning naming it, wherever a pass reads it: in the RDMA
+    namespace mode (read once per pass), the InfiniBand-only check and the GID tables (read for
+    every RDMA device), and a kept NIC's own files."""
+    moved, gid_mapped, good = spec(1), spec(2), spec(3)
+    node.add(moved, gid_mapped, good)
+    _remove_netdev(node, moved)  # in its pod, allocated
+    _move_rdma_device_out(node, gid_mapped)
+    garbled = [
+        _port_file(node, moved, "gid_attrs/ndevs/0"),
+        _port_file(node, moved, "link_layer"),
+        node.sys / "module/ib_core/parameters/netns_mode",
+    ]
+    for path in garbled:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"net\xff1\n")
+    with caplog.at_level(logging.WARNING, logger="driver.discovery"):
+        devices = {d.name: d for d in node.discovery().discover(keep={moved.pci_address})}
+    assert list(devices) == [device_name(s.pci_address) for s in (moved, gid_mapped, good)]
+    kept = devices[device_name(moved.pci_address)]
+    assert kept.nic is not None and not kept.nic.present and "linkLayer" not in kept.attributes
+    assert devices[device_name(gid_mapped.pci_address)].attributes["rdmaDevice"] == gid_mapped.rdma_device
+    assert all(RDMA_NETNS_MODE not in d.attributes for d in devices.values())
+    for path in garbled:
+        assert f"{path}: not UTF-8" in caplog.text
+
+
+def test_the_watchers_filter_reads_a_file_that_is_not_utf8_as_unreadable(node: Node) -> None:
+    """`may_be_nic` reads `dev_port` (own namespace) and the GID tables (named namespace) outside
+    any NIC's pass: a garbled file there answers as an absent one, for the NIC watcher."""
+    s, renamed = spec(1), spec(2)
+    node.add(s, renamed)
+    (node.sys / "class/net" / s.ifname / "dev_port").write_bytes(b"\xff\n")
+    _port_file(node, renamed, "gid_attrs/ndevs/0").write_bytes(b"net\xff1\n")
+    link = rtnl.Link(7, s.ifname, s.mac, 1500, "up", "", 0, 0, loopback=False)
+    for netns in (None, "tenant"):
+        scanner = NicScanner(node.sys, netlink=True, netns=netns, skip_default_route=False, exclude=NO_EXCLUSIONS)
+        assert scanner.may_be_nic(link), netns
+
+
 def test_read_takes_a_whole_file_and_fails_as_read_text_does(tmp_path: Path) -> None:
     """Discovery and NIC health read every sysfs file through `read`: to the end (a file of a
     test tree may be longer than an attribute's page), stripped, and failing as `Path.read_text`
@@ -458,6 +512,89 @@ def test_watcher_survives_a_failing_callback() -> None:
         wait_for(lambda: len(calls) == 2)
     finally:
         w.stop()
+
+
+def _newlink(index: int, name: str) -> bytes:
+    """An RTM_NEWLINK datagram as the kernel sends it: the link's index and name."""
+    value = name.encode() + b"\0"
+    attr = struct.pack("=HH", 4 + len(value), rtnl.IFLA_IFNAME) + value + bytes(-len(value) % 4)
+    body = rtnl.IFINFO.pack(0, 1, index, 1, 0) + attr
+    return rtnl.HEADER.pack(rtnl.HEADER.size + len(body), rtnl.RTM_NEWLINK, 0, 0, 0) + body
+
+
+@pytest.fixture
+def events(monkeypatch) -> Iterator[socket.socket]:
+    """The watcher's netlink: its event socket is one end of a socket pair (the test sends link
+    messages into the other end), its link dump at start a namespace holding only `lo`."""
+    theirs, ours = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    theirs.setblocking(False)
+    lo = rtnl.Link(1, "lo", "00:00:00:00:00:00", 65536, "unknown", "", 0, 0, loopback=True)
+    monkeypatch.setattr(netlink, "open_event_socket", lambda netns=None: theirs)
+    monkeypatch.setattr(netlink, "RouteSocket", lambda netns=None: contextlib.nullcontext(_OneLink(lo)))
+    yield ours
+    ours.close()
+
+
+class _OneLink:
+    def __init__(self, link: rtnl.Link) -> None:
+        self._link = link
+
+    def links(self) -> list[rtnl.Link]:
+        return [self._link]
+
+
+def test_a_link_the_watcher_cannot_judge_counts(events: socket.socket) -> None:
+    """`may_be_nic` failing (a sysfs entry of the link that cannot be read) neither fails the
+    watcher's start, which judges the links there are, nor stops its thread: the link's messages
+    count, so NIC discovery reads it afresh."""
+
+    def may_be_nic(link: rtnl.Link) -> bool:
+        raise RuntimeError(f"sysfs entry of {link.name} broken")
+
+    calls: list[float] = []
+    w = NicWatcher(lambda: calls.append(time.monotonic()), may_be_nic=may_be_nic, resync_period=None, quiet=0.01)
+    w.start()
+    try:
+        assert w.tracked == (1, 1)  # lo, judged "may be a NIC" for want of a verdict
+        events.send(_newlink(9, "ens9np0"))
+        wait_for(lambda: len(calls) == 1)
+        assert w.link_events("ens9np0") == 1 and w.ignored == 0
+        w.trigger()  # and the thread goes on
+        wait_for(lambda: len(calls) == 2)
+    finally:
+        w.stop()
+
+
+def test_the_watcher_outlives_a_failing_step(events: socket.socket, caplog) -> None:
+    """Any failure of the thread is logged and answered with a rescan; the thread goes on."""
+    failures = [RuntimeError("is_nic broke")]
+
+    def is_nic(index: int) -> bool:
+        if failures:
+            raise failures.pop()
+        return False
+
+    calls: list[float] = []
+    w = NicWatcher(
+        lambda: calls.append(time.monotonic()),
+        may_be_nic=lambda link: False,
+        is_nic=is_nic,
+        resync_period=None,
+        quiet=0.01,
+        backoff=Backoff(initial=0.01, maximum=0.01),
+    )
+    with caplog.at_level(logging.ERROR, logger="driver.discovery.nic_watcher"):
+        w.start()
+        try:
+            events.send(_newlink(9, "veth9"))  # no NIC: `is_nic` has the last word, and fails
+            wait_for(lambda: len(calls) == 1)  # the rescan that covers what the failure lost
+            events.send(_newlink(10, "veth10"))
+            w.trigger()
+            wait_for(lambda: len(calls) == 2 and w.idle)
+            assert w.ignored == 1  # veth10, judged as before
+        finally:
+            w.stop()
+    assert "NIC watcher failed; rescanning" in caplog.text
 
 
 class _Msg(dict):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -150,6 +151,24 @@ def test_numa_node_list_ignores_other_socket_even_when_nearer(tmp_path: Path) ->
 def test_numa_node_list_skips_nodes_without_cpus(tmp_path: Path) -> None:
     add_numa(tmp_path, [[10, 11, 12], [11, 10, 12], [12, 12, 10]], [0, None, 0])
     assert numa_node_list(tmp_path, 0) == [0, 2]
+
+
+def test_numa_node_list_reads_a_socket_from_the_first_cpu_of_a_huge_range(tmp_path: Path) -> None:
+    """Only the first CPU of a node's cpulist is read: a corrupt range of four billion CPUs costs
+    no more than one of two."""
+    add_numa(tmp_path, [[10, 11], [11, 10]], [0, 0])
+    (tmp_path / "devices/system/node/node0/cpulist").write_text("0-4294967295\n")
+    assert numa_node_list(tmp_path, 1) == [1, 0]
+
+
+@pytest.mark.parametrize("cpulist", ["3-1", "-1", "0-", "1-2-3", "a", "0x1", "1_0", "0-3:2/4"])
+def test_a_cpulist_that_is_not_one_is_refused_saying_so(tmp_path: Path, caplog, cpulist: str) -> None:
+    add_numa(tmp_path, [[10, 11], [11, 10]], [0, 0])
+    path = tmp_path / "devices/system/node/node0/cpulist"
+    path.write_text(cpulist + "\n")
+    with caplog.at_level(logging.WARNING, logger="driver.discovery.topology"):
+        assert numa_node_list(tmp_path, 1) == [1]  # node 0's socket is unknown: no peer of node 1
+    assert f"socket of NUMA node 0: {path} is not a CPU list: {cpulist!r} is neither" in caplog.text
 
 
 def test_numa_node_list_falls_back_to_own_node(tmp_path: Path) -> None:
