@@ -5,7 +5,6 @@ needs them, and the stand-in itself behaving like the real program at its interf
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flocks import locked_elsewhere
 from waiting import wait_for
 
 from driver.mps import CONTROL_PROGRAM, MpsDaemons, MpsError
@@ -189,14 +189,7 @@ def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_
     held: list[bool] = []
 
     def needed() -> dict[str, str | None]:
-        fd = os.open(tmp_path / "data" / "mps.lock", os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(fd)
+        held.append(locked_elsewhere(tmp_path / "data" / "mps.lock"))
         return {}
 
     MpsDaemons(tmp_path / "data" / "mps", driver_root, needed).sync()

@@ -5,15 +5,14 @@ kill -9 in between; and the combinations that cannot work refused per claim."""
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from flocks import locked_elsewhere
 from prepare_fakes import FakeAPI, Host, make_preparer
 from test_gpu_sharing import _claim, _preparer, daemons, host  # noqa: F401  (fixtures)
 
@@ -215,14 +214,7 @@ def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_
     held: list[bool] = []
 
     def needed() -> dict[str, tuple[str | None, str]]:
-        fd = os.open(tmp_path / "data" / "time-slices.lock", os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            held.append(False)
-        except BlockingIOError:
-            held.append(True)
-        finally:
-            os.close(fd)
+        held.append(locked_elsewhere(tmp_path / "data" / "time-slices.lock"))
         return {}
 
     TimeSlices(tmp_path / "data", tmp_path / "nowhere", needed).sync()
