@@ -139,20 +139,17 @@ class Daemon:
         def recorded() -> list[DeviceRecord]:
             return [d for c in self.checkpoint.read().values() for d in c.devices]
 
-        def complete() -> bool:
-            return not self.checkpoint.incomplete
-
         self.mps = MpsDaemons(
             self.data_dir / "mps",
             config.nvidia_driver_root,
             needed=lambda: mps_gpus(recorded(), self.inventory.get),
-            complete=complete,
+            complete=lambda: not self.checkpoint.incomplete,
         )
         self.time_slices = TimeSlices(
             self.data_dir,
             config.nvidia_driver_root,
             needed=lambda: time_slice_gpus(recorded(), self.inventory.get),
-            complete=complete,
+            complete=lambda: not self.checkpoint.incomplete,
         )
         self.preparer = Preparer(
             sharing=GpuSharing(self.mps, self.time_slices),
