@@ -16,7 +16,7 @@ the netdev back to the host's namespace, as the kernel would have (a name the ho
 becomes `dev<ifindex>`). It also keeps the node's sysfs in step, as the kernel keeps /sys:
 `class/net/<name>` and `<function>/net/<name>` exist while the netdev is in the host's namespace,
 under its current name. What Tandem then does with a NIC back under its pod name is its own
-business (driver/nic_return.py).
+business (driver/claims/nic/homes.py).
 
     python -m demo.cluster_nics run --root DIR --node-name NAME    (hack/cluster.sh: nic-hardware)
     python -m demo.cluster_nics down --root DIR --node-name NAME   (removes the veths)

@@ -198,7 +198,7 @@ class Config:
 
 def check_kubeconfig(value: str) -> None:
     """`--kubeconfig`: one file, or an `os.pathsep`-separated list that
-    `driver.kubeconfig.from_kubeconfig` merges as kubectl does. There a listed file that does not
+    `driver.kube.kubeconfig.from_kubeconfig` merges as kubectl does. There a listed file that does not
     exist is skipped, as kubectl skips it. Checked with the other flags, so that a mistake is a
     one-line usage error (exit code 2) rather than a failure of the started daemon: at least one
     name must be a file that exists, and every name that exists must be a file."""

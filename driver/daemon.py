@@ -5,69 +5,53 @@ registration socket appears, so the kubelet can connect as soon as it reads GetI
 runs the other way round and removes this instance's own sockets, so a rolling update's other
 instance keeps serving.
 
-One gRPC server serves both sockets: each server has its own polling thread, which wakes about
-ten times a second even when idle (half the daemon's idle CPU with two servers). The registration
-socket is bound under a hidden name (the kubelet's plugin watcher ignores names starting with
-`.`) and renamed into place once the server runs, so it still appears only when DRA is served.
+The kubelet's gRPC server (both sockets, one polling thread) is `kubelet.server.KubeletServer`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import logging
 import os
 import signal
-import stat
 import threading
 import uuid
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-import grpc
-
-from driver.checkpoint import Checkpoint, DeviceRecord, InstanceLock
-from driver.claim_files import ClaimFiles
-from driver.claim_refresh import NetworkDataRefresh
-from driver.claims import PrepareSettings
+from driver.claims.allocation import PrepareSettings
+from driver.claims.checkpoint import Checkpoint, DeviceRecord, InstanceLock
+from driver.claims.files import ClaimFiles
+from driver.claims.gpu.mig import MigPartitions
+from driver.claims.gpu.mps import MpsDaemons, MpsError
+from driver.claims.gpu.sharing import GpuSharing, mps_gpus, time_slice_gpus
+from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
+from driver.claims.metadata import MetadataWriter
+from driver.claims.nic.homes import NicHomes
+from driver.claims.prepare import Preparer
+from driver.claims.reconcile import Reconciler
+from driver.claims.refresh import NetworkDataRefresh
 from driver.config import Config
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nic_watcher import NicWatcher
-from driver.discovery.nvidia_files import find_driver_files
-from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
-from driver.gpu_sharing import GpuSharing, mps_gpus, time_slice_gpus
 from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_release import GpuReleases
 from driver.health.monitors import build_monitors, health_counters
 from driver.inventory import Inventory
-from driver.kubeapi import KubeAPI
-from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from driver.kubelet.health import HealthBroadcaster, add_health_services
-from driver.kubelet.registration import (
-    RegistrationServicer,
-    check_socket_path,
-    dra_socket_path,
-    grpc_unix_address,
-    registration_socket_path,
-)
-from driver.kubelet.service import add_dra_services
-from driver.metadata import MetadataWriter
+from driver.kube.api import KubeAPI
+from driver.kubelet.health import HealthBroadcaster
+from driver.kubelet.registration import dra_socket_path, registration_socket_path
+from driver.kubelet.server import KubeletServer
 from driver.metrics import Metrics, MetricsServer
-from driver.mig_partitions import MigPartitions
 from driver.model import Device, DeviceKind, MigPlacement
-from driver.mps import MpsDaemons, MpsError
-from driver.nic_return import NicHomes
-from driver.prepare import Preparer
-from driver.reconcile import Reconciler
+from driver.node.driver_root import find_driver_files
+from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
-from driver.time_slicing import TimeSliceError, TimeSlices
 
 log = logging.getLogger(__name__)
 
@@ -75,31 +59,6 @@ SHUTDOWN_GRACE = 10.0  # seconds in-flight prepare/unprepare calls get to finish
 # Seconds a prepare that made (or an unprepare that destroyed) a MIG partition waits for the GPU
 # rediscovery that records it; a slower NVML only makes the first XIDs land on the whole GPU.
 MIG_REDISCOVERY_WAIT = 5.0
-
-
-def _remove_stale_socket(path: Path) -> None:
-    """A socket file left by a killed instance would make bind fail; anything else is not ours."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise RuntimeError(f"{path} exists and is not a socket; refusing to replace it")
-    path.unlink()
-
-
-def _serve_unix(server: grpc.Server, path: Path) -> None:
-    check_socket_path(path)
-    _remove_stale_socket(path)
-    if server.add_insecure_port(grpc_unix_address(path)) == 0:
-        raise RuntimeError(f"cannot listen on {path}")
-
-
-def _hidden(path: Path) -> Path:
-    """Where a socket is bound before it is renamed to `path`: a name the kubelet's plugin
-    watcher ignores (a leading `.`), no longer than `path`'s (so it fits wherever `path` does),
-    in the same directory (a rename across mounts fails)."""
-    return path.with_name("." + path.name[1:])
 
 
 class Daemon:
@@ -211,8 +170,7 @@ class Daemon:
         self._metrics_server: MetricsServer | None = None
         self._nic_watcher: NicWatcher | None = None
         self.sources: list[RefreshLoop] = self._build_sources()
-        self._server: grpc.Server | None = None
-        self.registration: RegistrationServicer | None = None
+        self.kubelet_server = KubeletServer(config.driver_name, self.dra_socket, self.reg_socket)
 
     def _build_sources(self) -> list[RefreshLoop]:
         cfg = self.config
@@ -293,7 +251,7 @@ class Daemon:
         is nobody to answer, and waiting would stall: the reconciler holds the checkpoint lock
         that a GPU discovery needs (`_owned_placements`). Then a rediscovery is only asked for."""
         for source in (s for s in self.sources if s.name == "gpu"):
-            if self._server is None:
+            if not self.kubelet_server.serving:
                 source.trigger()
             else:
                 source.refresh(timeout=MIG_REDISCOVERY_WAIT)
@@ -315,7 +273,8 @@ class Daemon:
     def _status_info(self) -> dict[str, Any]:
         """What `tandemctl health` shows about the daemon; entries in `problems` mean degraded."""
         problems = []
-        reg = self.registration.state if self.registration else None
+        registration = self.kubelet_server.registration
+        reg = registration.state if registration else None
         if reg is None or not reg.registered:
             problems.append(
                 "the kubelet has not confirmed the registration" + (f": {reg.error}" if reg and reg.error else "")
@@ -375,19 +334,7 @@ class Daemon:
             log.warning("time slices: %s (retried at the next prepare or unprepare)", e)
         self.mps.start()
         self.network_refresh.start()
-        self._server = grpc.server(ThreadPoolExecutor(max_workers=16, thread_name_prefix="kubelet-grpc"))
-        services = add_dra_services(self._server, self.preparer, self.metrics.observe)
-        services += add_health_services(self._server, self.health)
-        self.registration = RegistrationServicer(cfg.driver_name, self.dra_socket, services)
-        reg_grpc.add_RegistrationServicer_to_server(self.registration, self._server)
-        _serve_unix(self._server, self.dra_socket)
-        hidden_reg = _hidden(self.reg_socket)
-        _serve_unix(self._server, hidden_reg)
-        self._server.start()
-        log.info("serving %s on %s", ", ".join(services), self.dra_socket)
-        _remove_stale_socket(self.reg_socket)
-        hidden_reg.rename(self.reg_socket)  # the kubelet sees the socket now, with DRA served
-        log.info("registration socket %s ready for the kubelet", self.reg_socket)
+        self.kubelet_server.start(self.preparer, self.health, self.metrics.observe)
         # What start-up made (modules, discovery, the servers) lives as long as the daemon: moved
         # out of the collector's sight, a full collection scans only what came later (well under
         # a millisecond) instead of every start-up object (25-40 ms, a stalled prepare).
@@ -401,13 +348,9 @@ class Daemon:
     def stop(self) -> None:
         """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
         self.status.stop()
-        with contextlib.suppress(FileNotFoundError):  # the kubelet deregisters on the deletion
-            self.reg_socket.unlink()
+        self.kubelet_server.deregister()
         self.health.close()  # open health streams end now instead of holding the grace period
-        if self._server is not None:
-            self._server.stop(grace=SHUTDOWN_GRACE).wait()
-        with contextlib.suppress(FileNotFoundError):
-            self.dra_socket.unlink()
+        self.kubelet_server.stop(SHUTDOWN_GRACE)
         self.network_refresh.stop()
         self.preparer.close()
         self.mps.stop()  # the daemons stay, for the claims that use them

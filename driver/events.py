@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from driver.kubeapi import KubeAPI
+from driver.kube.api import KubeAPI
 from driver.model import Device, Health
 
 log = logging.getLogger(__name__)

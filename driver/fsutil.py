@@ -4,8 +4,8 @@ the lock that serialises their writers, and reading the small ones (cordons, rel
 Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it.
 
 Which writes are fsynced (`durable`): only state that must survive a reboot, cordons and NVML
-releases. The record of prepared claims (`driver.checkpoint`) and each claim's files (its CDI
-spec and device metadata, `driver.claim_files`) are written atomically but not durably
+releases. The record of prepared claims (`driver.claims.checkpoint`) and each claim's files (its CDI
+spec and device metadata, `driver.claims.files`) are written atomically but not durably
 (`PREPARED_STATE_DURABLE`): a reader, and `kill -9` of the daemon at any line, still sees the old
 file or the new, because the page cache the rename happens in belongs to the kernel. Only a
 kernel crash or power loss loses unsynced writes, and that is a reboot, after which none of them

@@ -77,7 +77,7 @@ class Condition:
 
 @dataclass(frozen=True)
 class MigPlacement:
-    """A GPU instance that prepare creates (dynamic MIG, `driver.mig_partitions`): on which GPU, of
+    """A GPU instance that prepare creates (dynamic MIG, `driver.claims.gpu.mig`): on which GPU, of
     which GPU instance profile, on which memory slices. NVML allows one GPU instance per memory
     slice, so this names the instance before it exists and finds it again after a crash."""
 

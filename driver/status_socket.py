@@ -34,7 +34,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from driver.checkpoint import ClaimRecord
+from driver.claims.checkpoint import ClaimRecord
 from driver.health.cordon import CordonError, CordonStore, UnknownDevice
 from driver.health.gpu_release import GpuReleases, ReleaseError, ReleaseTimeout
 from driver.inventory import Inventory

@@ -27,7 +27,7 @@ from typing import Any
 
 from demo.node import DRIVER, SimNode, stop_daemon
 from driver.discovery.gpu import GpuDiscovery
-from driver.kubeapi import KubeAPI
+from driver.kube.api import KubeAPI
 from driver.slices.build import build_slices
 from driver.slices.publisher import SlicePublisher
 from sim import nvml as sim_nvml

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from driver.kubeapi import KubeAPI
+from driver.kube.api import KubeAPI
 from driver.model import Device, DeviceKind
 from driver.slices.publisher import PublisherOptions, SlicePublisher
 from sim.apiserver import SimApiServer

@@ -19,7 +19,7 @@ from driver.discovery.dynamic_mig import DynamicMigReader
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nic_scan import NicDiscoveryError
-from driver.discovery.nvml import DeviceSkipped, NvmlUnavailable
+from driver.node.nvml import DeviceSkipped, NvmlUnavailable
 from driver.slices.build import build_slices
 
 

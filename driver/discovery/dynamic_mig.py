@@ -42,8 +42,8 @@ from typing import Any
 from cdi import is_dns_label
 from driver.discovery.gpu_attributes import MIB, binary_quantity, fit_limits
 from driver.discovery.mig import gpu_instance_profiles, profile_label
-from driver.discovery.nvml import DeviceSkipped, text
 from driver.model import AttrValue, CounterSet, CounterUse, Device, DeviceKind, MigPlacement
+from driver.node.nvml import DeviceSkipped, text
 from driver.resource_api import MAX_COUNTERS
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 
 `GpuDiscovery.discover()` is a full, stateless rediscovery, cheap enough for a slow period and for
 on-demand calls (hot-plug, MIG reconfiguration). Each call brackets its work with
-`nvmlInit`/`nvmlShutdown` (`driver.discovery.nvml`). When `nvmlInit` fails (driver not loaded yet,
+`nvmlInit`/`nvmlShutdown` (`driver.node.nvml`). When `nvmlInit` fails (driver not loaded yet,
 library missing) `NvmlUnavailable` is raised and retrying is the caller's job (driver.refresh).
 
 Every NVML call about one GPU is isolated: a GPU whose identity (minor number, UUID, MIG mode)
@@ -34,7 +34,10 @@ from driver.discovery.gpu_attributes import (
 )
 from driver.discovery.gpudirect import gpu_attributes, read_gpudirect
 from driver.discovery.mig import MigReader
-from driver.discovery.nvml import (
+from driver.discovery.shared_gpu import shareable
+from driver.discovery.topology import Topology, pci_bus_id, topology
+from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, Version
+from driver.node.nvml import (
     ERROR_NOT_SUPPORTED,
     DeviceSkipped,
     NvmlUnavailable,
@@ -43,9 +46,6 @@ from driver.discovery.nvml import (
     shutdown_nvml,
     text,
 )
-from driver.discovery.shared_gpu import shareable
-from driver.discovery.topology import Topology, pci_bus_id, topology
-from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, Version
 from driver.resource_api import MAX_VALUE_LENGTH
 
 log = logging.getLogger(__name__)

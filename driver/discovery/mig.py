@@ -19,7 +19,8 @@ from typing import Any
 
 from cdi import is_dns_label
 from driver.discovery.gpu_attributes import MIB, binary_quantity, fit_limits
-from driver.discovery.nvml import (
+from driver.model import AttrValue, Device, DeviceKind, GpuInfo
+from driver.node.nvml import (
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
@@ -27,7 +28,6 @@ from driver.discovery.nvml import (
     optional,
     text,
 )
-from driver.model import AttrValue, Device, DeviceKind, GpuInfo
 from driver.resource_api import MAX_VALUE_LENGTH
 
 log = logging.getLogger(__name__)

@@ -28,8 +28,8 @@ from driver.discovery.link_hold import LinkHold
 from driver.discovery.nic_device import NicDeviceReader
 from driver.discovery.nic_scan import NicScanner
 from driver.discovery.nic_sysfs import BROKEN
-from driver.discovery.rtnl import Link
 from driver.model import Device
+from driver.node.rtnl import Link
 
 log = logging.getLogger(__name__)
 

@@ -182,7 +182,7 @@ class NicDeviceReader:
         """`uverbs3`-style name of the char device of this RDMA device (and port) as sysfs lists it;
         entries that say which device/port they belong to must match. "" when the module that
         provides it (ib_uverbs, ib_umad) is not loaded. Whether its node exists under /dev is for
-        prepare to check (`driver.device_nodes`): nodes come and go, a claim must fail naming one."""
+        prepare to check (`driver.claims.device_nodes`): nodes come and go, a claim must fail naming one."""
         for entry in sorted(class_dir.glob(f"{prefix}*")):
             ibdev = read_or_empty(entry / "ibdev")
             if ibdev and ibdev != rdma_name:

@@ -47,12 +47,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from driver.config import NicExclusions
-from driver.discovery import netlink
 from driver.discovery.nic_sysfs import BDF, BROKEN, NicError, pci_function_dir, read, read_int, read_or_empty
-from driver.discovery.rtnl import ARPHRD_LOOPBACK, Link
+from driver.node import netlink
+from driver.node.rtnl import ARPHRD_LOOPBACK, Link
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +176,7 @@ class NicScanner:
                     elif found != _VIRTUAL:
                         log.debug("skip %s: %s", link.name, found)
             snapshot = netlink.read_links([m[0] for m in mapped], {x.index: x for x in everything}, self.netns)
-        except (OSError, NetlinkError) as e:
+        except OSError as e:
             raise NicDiscoveryError(f"cannot read netlink of {netlink.namespace_name(self.netns)}: {e}") from e
         out = []
         for link, fn, speed in mapped:

@@ -26,9 +26,9 @@ import time
 from collections.abc import Callable
 
 from driver.backoff import Backoff, Retry
-from driver.discovery import netlink, rtnl
 from driver.discovery.nic_scan import NicDiscoveryError
-from driver.discovery.rtnl import Link
+from driver.node import netlink, rtnl
+from driver.node.rtnl import Link
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ for nothing holds the whole GPU, exactly as before sharing (and `nvidia.com/gpu`
 working). A share names both; naming one leaves the other at all of it, which makes the claim the
 GPU's only user in practice (docs/scenarios.md, 'Sharing a GPU'). What a share may do with its
 amounts (MPS limits, or a refusal where nothing can enforce them) is decided at prepare
-(`driver.gpu_sharing`), from the allocation's `consumedCapacity`.
+(`driver.claims.gpu.sharing`), from the allocation's `consumedCapacity`.
 
 A GPU in MIG mode is not shared this way: its MIG devices are the partitions, and MPS limits on a
 MIG device are refused at prepare.

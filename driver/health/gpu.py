@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.discovery.nvml import ERROR_TIMEOUT, NVML_ACCESS, REINIT_ERRORS, NvmlReleased, NvmlUnavailable, init_nvml
 from driver.health import nvml_events
 from driver.health.gpu_memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
 from driver.health.gpu_policy import (
@@ -77,6 +76,7 @@ from driver.health.nvml_events import (
 )
 from driver.inventory import Inventory
 from driver.model import Condition
+from driver.node.nvml import ERROR_TIMEOUT, NVML_ACCESS, REINIT_ERRORS, NvmlReleased, NvmlUnavailable, init_nvml
 
 log = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from driver.discovery.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.health.nvml_events import LOST_ERRORS
 from driver.model import Condition
+from driver.node.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS
 
 CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
 UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED

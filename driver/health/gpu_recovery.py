@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from driver.discovery.nvml import ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, REINIT_ERRORS
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.health.nvml_events import LOST_ERRORS
 from driver.model import Condition
+from driver.node.nvml import ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, REINIT_ERRORS
 
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 _SUCCESS = 0

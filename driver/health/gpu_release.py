@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.discovery.nvml import NVML_ACCESS, NvmlAccess
 from driver.fsutil import locked, read_json_state
 from driver.health.cordon import MAX_BY, MAX_REASON, check_text, unknown_device
 from driver.health.gpu_policy import UNMONITORED
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
+from driver.node.nvml import NVML_ACCESS, NvmlAccess
 from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)

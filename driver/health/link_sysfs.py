@@ -20,9 +20,10 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.discovery import nic_sysfs, rtnl
-from driver.discovery.rtnl import LinkState
+from driver.discovery import nic_sysfs
 from driver.health.nic_signals import BAD_OPERSTATES, Fault, port_fault
+from driver.node import rtnl
+from driver.node.rtnl import LinkState
 
 log = logging.getLogger(__name__)
 

@@ -40,11 +40,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pyroute2.netlink.exceptions import NetlinkError
-
 from driver.backoff import Backoff, Retry
-from driver.discovery import netlink, rtnl
-from driver.discovery.rtnl import LinkEvent, LinkState
 from driver.health.link_sysfs import LinkSysfs
 from driver.health.nic_signals import (
     FUNCTION_GONE,
@@ -57,6 +53,8 @@ from driver.health.nic_signals import (
 )
 from driver.inventory import Inventory
 from driver.model import Condition, DeviceKind, NicInfo, TaintEffect
+from driver.node import netlink, rtnl
+from driver.node.rtnl import LinkEvent, LinkState
 from driver.resource_api import rfc3339
 from driver.wakepipe import WakePipe
 
@@ -221,7 +219,7 @@ class NicHealthMonitor:
         try:
             indexes = {w.nic.ifname: w.ifindex for w in watched if w.ifindex}
             return netlink.read_link_states([w.nic.ifname for w in watched], self.netns, indexes)
-        except (OSError, NetlinkError) as e:
+        except OSError as e:
             self.errors += 1
             log.error("cannot read link state of %s: %s; keeping the last known", netlink.namespace_name(self.netns), e)
             return None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from driver.discovery.nvml import ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_NOT_FOUND, REINIT_ERRORS, shutdown_nvml
+from driver.node.nvml import ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_NOT_FOUND, REINIT_ERRORS, shutdown_nvml
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from types import ModuleType
 
 import grpc
 
-from driver.claims import ClaimRef
+from driver.claims.allocation import ClaimRef
+from driver.claims.prepare import Preparer
 from driver.kubelet.api.dra.v1 import api_pb2 as v1_pb2
 from driver.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
 from driver.kubelet.api.dra.v1beta1 import api_pb2 as v1beta1_pb2
 from driver.kubelet.api.dra.v1beta1 import api_pb2_grpc as v1beta1_grpc
-from driver.prepare import Preparer
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kubeapi import KubeAPI, SliceWatch
+from driver.kube.api import KubeAPI, SliceWatch
 from driver.slices.build import metadata
 
 log = logging.getLogger(__name__)

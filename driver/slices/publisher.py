@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
+from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import Device
 from driver.slices.build import (
     SCALAR_CAPABLE_LIST_ATTRIBUTES,

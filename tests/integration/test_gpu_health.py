@@ -15,11 +15,11 @@ import pytest
 
 from driver.backoff import Backoff
 from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.inventory import Inventory
 from driver.model import Health, TaintEffect
+from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from sim import nvml as sim_nvml
 from sim.profile import NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import render_node

@@ -18,7 +18,7 @@ from kubelet_calls import call_in_background, registered
 from waiting import poll
 
 from demo.node import DRIVER
-from driver.mps import CONTROL_PROGRAM, PID_FILE
+from driver.claims.gpu.mps import CONTROL_PROGRAM, PID_FILE
 from sim import nvml as sim_nvml
 from sim.kubelet import ClaimRef, KubeletSim
 from sim.profile import h100_node

@@ -15,7 +15,7 @@ import pytest
 from flocks import locked_elsewhere
 from waiting import wait_for
 
-from driver.mps import CONTROL_PROGRAM, MpsDaemons, MpsError
+from driver.claims.gpu.mps import CONTROL_PROGRAM, MpsDaemons, MpsError
 from sim.driver_files import BIN_DIR, render_driver_files
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

@@ -17,10 +17,10 @@ import pytest
 from nic_fixtures import SysfsFixture, ip, ip_batch, make_netns, nic_spec, veth, wait_for
 
 from driver.config import NicExclusions
-from driver.discovery import netlink
 from driver.discovery.nic import ABSENT_STATE, NicDiscovery
 from driver.discovery.nic_watcher import NicWatcher
 from driver.model import Device
+from driver.node import netlink
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
 from sim.nics import default_gid, render_nic
 from sim.profile import NicSpec

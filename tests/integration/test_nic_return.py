@@ -1,6 +1,6 @@
 """An exclusive NIC back from its pod gets its host name, MTU and addresses back, against real
 netlink in a throwaway namespace (root only): the kernel returns a physical netdev under its
-pod-side name and without addresses; Tandem remembered what it was (driver/nic_return.py)."""
+pod-side name and without addresses; Tandem remembered what it was (driver/claims/nic/homes.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth
 
+from driver.claims.nic.homes import FILE, NicHomes
 from driver.discovery.nic import NicDiscovery
-from driver.nic_return import FILE, NicHomes
 
 
 @pytest.fixture

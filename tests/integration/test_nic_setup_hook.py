@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from nic_fixtures import ip, make_netns
 
-from driver.config_api import NicConfig, Route
-from driver.nic_setup import setup_hook
+from driver.claims.nic.setup import setup_hook
+from driver.claims.opaque_config import NicConfig, Route
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from driver.discovery.nic_device import shared_capacity
-from driver.kubeapi import ApiError, Conflict, KubeAPI, NotFound
+from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
 from driver.slices import publisher
 from driver.slices.plan import plan

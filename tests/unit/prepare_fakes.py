@@ -18,18 +18,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from driver.checkpoint import Checkpoint, InstanceLock
-from driver.claim_files import ClaimFiles
-from driver.claims import ClaimRef, PrepareSettings
+from driver.claims.allocation import ClaimRef, PrepareSettings
+from driver.claims.checkpoint import Checkpoint, InstanceLock
+from driver.claims.files import ClaimFiles
+from driver.claims.gpu.mig import MigPartitions
+from driver.claims.metadata import MetadataWriter
+from driver.claims.prepare import Preparer
+from driver.claims.reconcile import Reconciler
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
-from driver.discovery.nvidia_files import DriverFiles, find_driver_files
-from driver.kubeapi import ApiError, NotFound
-from driver.metadata import MetadataWriter
-from driver.mig_partitions import MigPartitions
+from driver.kube.api import ApiError, NotFound
 from driver.model import Device
-from driver.prepare import Preparer
-from driver.reconcile import Reconciler
+from driver.node.driver_root import DriverFiles, find_driver_files
 from sim import nvml as sim_nvml
 from sim.driver_files import render_driver_files
 from sim.profile import h100_node

@@ -13,7 +13,7 @@ import pytest
 
 from driver.cli import config_from_args, driver_main, driver_parser
 from driver.config import ConfigError, NicExclusions
-from driver.kubeconfig import cluster_access
+from driver.kube.kubeconfig import cluster_access
 from driver.model import DeviceKind
 
 
@@ -221,7 +221,7 @@ def _kubeconfig(path: Path, server: str) -> Path:
 
 def test_a_kubeconfig_list_is_accepted_and_merged_as_kubectl_merges_it(monkeypatch, tmp_path):
     """KUBECONFIG=a:b, as kubectl takes it: files that are missing are skipped, the first file to
-    define a name wins; driver.kubeconfig does the merging, the Config only lets the list through."""
+    define a name wins; driver.kube.kubeconfig does the merging, the Config only lets the list through."""
     first = _kubeconfig(tmp_path / "a", "https://first:6443")
     second = _kubeconfig(tmp_path / "b", "https://second:6443")
     listed = os.pathsep.join([str(tmp_path / "missing"), str(first), str(second)])

@@ -15,7 +15,7 @@ from waiting import poll, wait_for
 from driver import events as events_module
 from driver.events import NOTE_LIMIT, EventRecorder
 from driver.inventory import Inventory
-from driver.kubeapi import ApiError, KubeAPI
+from driver.kube.api import ApiError, KubeAPI
 from driver.model import Condition, Device, DeviceKind, TaintEffect
 from sim.apiserver import SimApiServer
 

@@ -20,13 +20,13 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from driver.claims.opaque_config import opaque_entries, resolve
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
-from driver.config_api import opaque_entries, resolve
 from driver.discovery.nic_device import SHARES
-from driver.discovery.nvidia_files import DriverFiles, find_driver_files
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
+from driver.node.driver_root import DriverFiles, find_driver_files
 from sim.driver_files import render_driver_files
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 
 from driver import ctl
-from driver.checkpoint import STATE_STARTED, ClaimRecord, DeviceRecord
-from driver.discovery.nvml import NvmlAccess
+from driver.claims.checkpoint import STATE_STARTED, ClaimRecord, DeviceRecord
 from driver.health.cordon import CordonStore
 from driver.health.gpu_release import GpuReleases
 from driver.inventory import Inventory
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, GpuInfo, TaintEffect
+from driver.node.nvml import NvmlAccess
 from driver.status_socket import MAX_BODY, StatusServer
 from sim.nvml import fake_pynvml_in_process, write_state
 from sim.profile import h100_node

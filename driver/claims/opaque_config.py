@@ -1,0 +1,253 @@
+"""Tandem's opaque claim configuration: `apiVersion: tandem.dev/v1alpha1`, kinds GpuConfig and NicConfig.
+
+Users put these in a DeviceClass or a ResourceClaim (`spec.devices.config[].opaque`); the
+scheduler copies them into the allocation. Decoding is strict - an unknown or mistyped field is
+an error naming the field, because a silently ignored `mode: exclusiv` is worse than a failed pod;
+so are values: an address, route or MTU the kernel would refuse fails the claim at prepare, not
+the container later.
+Class configs apply before claim configs, in list order; later entries win field by field.
+
+Some fields grant more than a device: `NicConfig.mad` exposes `umad`/`issm`, with which a pod
+can act as an InfiniBand subnet manager and undo partition isolation for the whole fabric. Any
+namespace user writes claims, only cluster admins write DeviceClasses, so such fields are accepted
+only from class configuration (allocation config `source: FromClass`); in any other entry they
+fail the claim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+API_VERSION = "tandem.dev/v1alpha1"
+NIC_MODES = ("shared", "exclusive")
+# How the processes of a claim's pods share a GPU (`driver.claims.gpu.sharing`); "" = not at all.
+SHARING_MPS = "MPS"
+SHARING_TIME_SLICING = "TimeSlicing"
+GPU_SHARING = (SHARING_MPS, SHARING_TIME_SLICING)
+# TimeSlicing's interval, NVIDIA's names for `nvidia-smi compute-policy --set-timeslice` 0..3.
+TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+# Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..". Used with
+# fullmatch: `$` would also accept a trailing newline.
+_IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
+
+
+class ConfigDecodeError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claims prepared with it hold NICs.
+    pair_nics: bool = True
+    # MPS or TimeSlicing (GPU_SHARING); "" = the claim must hold the whole GPU (driver.claims.gpu.sharing).
+    sharing: str = ""
+    # TimeSlicing only: the GPU's time slice (TIME_SLICE_INTERVALS); "" = Default.
+    time_slice_interval: str = ""
+
+
+@dataclass(frozen=True)
+class Route:
+    """A route the pod's interface gets: to `destination` (a network), through `via` (or on-link)."""
+
+    destination: str
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class NicConfig:
+    # shared: the netdev stays in the host namespace, the pod gets the RDMA char devices.
+    # exclusive: the netdev moves into the pod (CDI netDevices) under `interface_name`.
+    mode: str = "shared"
+    interface_name: str = ""
+    # Also expose umad/issm (management datagrams: needed by ibstat, subnet tools; not by NCCL).
+    mad: bool = False
+    # Exclusive mode only: the interface's settings in the pod (`driver.claims.nic.setup`). Addresses
+    # replace those it brought from the host; mtu 0 keeps its MTU.
+    addresses: tuple[str, ...] = ()
+    routes: tuple[Route, ...] = ()
+    mtu: int = 0
+
+
+_FIELDS: dict[str, dict[str, tuple[str, type]]] = {
+    "GpuConfig": {
+        "pairNics": ("pair_nics", bool),
+        "sharing": ("sharing", str),
+        "timeSliceInterval": ("time_slice_interval", str),
+    },
+    "NicConfig": {
+        "mode": ("mode", str),
+        "interfaceName": ("interface_name", str),
+        "mad": ("mad", bool),
+        "addresses": ("addresses", list),
+        "routes": ("routes", list),
+        "mtu": ("mtu", int),
+    },
+}
+MAX_ADDRESSES = 16  # what networkData.ips can report
+MAX_ROUTES = 16
+MIN_MTU, MIN_MTU_IPV6, MAX_MTU = 68, 1280, 65535
+_IP_SETTINGS = ("addresses", "routes", "mtu")
+# Fields only a DeviceClass may set, and why (see the module docstring).
+_CLASS_ONLY: dict[tuple[str, str], str] = {
+    ("NicConfig", "mad"): "umad/issm let a pod act as an InfiniBand subnet manager for the whole fabric",
+}
+FROM_CLASS = "FromClass"
+
+
+@dataclass(frozen=True)
+class OpaqueEntry:
+    """One `config[]` entry of an allocation, already filtered to this driver."""
+
+    source: str  # FromClass | FromClaim
+    requests: tuple[str, ...]
+    parameters: dict[str, Any]
+    index: int
+
+
+@dataclass
+class RequestConfig:
+    gpu: GpuConfig = field(default_factory=GpuConfig)
+    nic: NicConfig = field(default_factory=NicConfig)
+
+
+def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
+    where = f"config[{entry.index}] ({entry.source})"
+    p = entry.parameters
+    if not isinstance(p, dict):
+        raise ConfigDecodeError(f"{where}: parameters must be an object")
+    if p.get("apiVersion") != API_VERSION:
+        raise ConfigDecodeError(f"{where}: apiVersion must be {API_VERSION!r}, got {p.get('apiVersion')!r}")
+    kind = p.get("kind")
+    if kind not in _FIELDS:
+        raise ConfigDecodeError(f"{where}: kind must be one of {sorted(_FIELDS)}, got {kind!r}")
+    out: dict[str, Any] = {}
+    for key, value in p.items():
+        if key in ("apiVersion", "kind"):
+            continue
+        if key not in _FIELDS[kind]:
+            raise ConfigDecodeError(f"{where}: unknown field {kind}.{key}")
+        attr, typ = _FIELDS[kind][key]
+        if type(value) is not typ:
+            raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {typ.__name__}, got {type(value).__name__}")
+        why = _CLASS_ONLY.get((kind, key))
+        if why and entry.source != FROM_CLASS:
+            raise ConfigDecodeError(
+                f"{where}: {kind}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
+            )
+        out[attr] = value
+    if kind == "GpuConfig" and "sharing" in out and out["sharing"] not in GPU_SHARING:
+        raise ConfigDecodeError(
+            f"{where}: GpuConfig.sharing must be one of {list(GPU_SHARING)}, got {out['sharing'][:40]!r}"
+        )
+    if kind == "GpuConfig" and "time_slice_interval" in out and out["time_slice_interval"] not in TIME_SLICE_INTERVALS:
+        raise ConfigDecodeError(
+            f"{where}: GpuConfig.timeSliceInterval must be one of {list(TIME_SLICE_INTERVALS)}, "
+            f"got {out['time_slice_interval'][:40]!r}"
+        )
+    if kind == "NicConfig":
+        if "mode" in out and out["mode"] not in NIC_MODES:
+            raise ConfigDecodeError(f"{where}: NicConfig.mode must be one of {list(NIC_MODES)}, got {out['mode']!r}")
+        if "interface_name" in out and not _IFNAME.fullmatch(out["interface_name"]):
+            raise ConfigDecodeError(
+                f"{where}: NicConfig.interfaceName {out['interface_name'][:40]!r} is not a valid interface name"
+            )
+        out.update(_ip_settings(where, out))
+    return kind, out
+
+
+def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
+    """NicConfig.addresses, .routes and .mtu, checked as the kernel would take them: canonical
+    addresses (host bits kept, as networkData reports them), routes to networks (no host bits),
+    gateways of the same family inside a configured address's network, an MTU IPv6 can use."""
+    out: dict[str, Any] = {}
+    addresses = []
+    for i, text in enumerate(values.get("addresses", ())):
+        field_ = f"{where}: NicConfig.addresses[{i}]"
+        try:
+            address = ipaddress.ip_interface(text) if isinstance(text, str) else None
+        except ValueError:
+            address = None
+        if address is None or "/" not in text:
+            raise ConfigDecodeError(f"{field_} {str(text)[:60]!r} is not an address with a prefix length (10.0.0.5/24)")
+        ip = address.ip
+        if ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip.is_link_local:
+            raise ConfigDecodeError(f"{field_} {text!r} is a loopback, multicast, unspecified or link-local address")
+        if address in addresses:
+            raise ConfigDecodeError(f"{field_} {text!r} is given twice")
+        addresses.append(address)
+    if len(addresses) > MAX_ADDRESSES:
+        raise ConfigDecodeError(f"{where}: NicConfig.addresses has {len(addresses)} entries, at most {MAX_ADDRESSES}")
+    routes = []
+    for i, raw in enumerate(values.get("routes", ())):
+        field_ = f"{where}: NicConfig.routes[{i}]"
+        if not isinstance(raw, dict) or not set(raw) <= {"destination", "via"} or "destination" not in raw:
+            raise ConfigDecodeError(f"{field_} must be an object with destination and, optionally, via")
+        for key, value in raw.items():
+            # ipaddress takes integers too: 0 would become 0.0.0.0/32, true the gateway 0.0.0.1.
+            if not isinstance(value, str):
+                raise ConfigDecodeError(f"{field_}.{key} must be a string, got {type(value).__name__}")
+        try:
+            destination = ipaddress.ip_network(raw["destination"], strict=True)
+            via = ipaddress.ip_address(raw["via"]) if "via" in raw else None
+        except ValueError as e:
+            raise ConfigDecodeError(f"{field_}: {e}") from None
+        if via is not None and via.version != destination.version:
+            raise ConfigDecodeError(f"{field_}: via {via} and destination {destination} are of different IP versions")
+        if via is not None and addresses and not any(via in a.network for a in addresses):
+            raise ConfigDecodeError(f"{field_}: via {via} is in none of the networks of NicConfig.addresses")
+        routes.append(Route(str(destination), str(via) if via is not None else ""))
+    if len(routes) > MAX_ROUTES:
+        raise ConfigDecodeError(f"{where}: NicConfig.routes has {len(routes)} entries, at most {MAX_ROUTES}")
+    if "mtu" in values:
+        low = MIN_MTU_IPV6 if any(a.version == 6 for a in addresses) else MIN_MTU
+        if not low <= values["mtu"] <= MAX_MTU:
+            raise ConfigDecodeError(f"{where}: NicConfig.mtu {values['mtu']} must be {low} to {MAX_MTU}")
+        out["mtu"] = values["mtu"]
+    if "addresses" in values:
+        out["addresses"] = tuple(str(a) for a in addresses)
+    if "routes" in values:
+        out["routes"] = tuple(routes)
+    return out
+
+
+def _applies(entry: OpaqueEntry, request: str) -> bool:
+    """Empty `requests` = every request; a parent request name also matches its subrequests."""
+    return not entry.requests or request in entry.requests or request.split("/", 1)[0] in entry.requests
+
+
+def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
+    """The effective config of one request: class configs first, then claim configs, later wins."""
+    ordered = sorted(entries, key=lambda e: (e.source != FROM_CLASS, e.index))
+    cfg = RequestConfig()
+    for entry in ordered:
+        kind, values = _decode(entry)  # decode every entry, so a bad one fails even if unused
+        if not _applies(entry, request):
+            continue
+        if kind == "GpuConfig":
+            cfg.gpu = dataclasses.replace(cfg.gpu, **values)
+        else:
+            cfg.nic = dataclasses.replace(cfg.nic, **values)
+    if cfg.nic.mode == "exclusive" and not cfg.nic.interface_name:
+        raise ConfigDecodeError(f"request {request!r}: NicConfig.mode exclusive needs interfaceName")
+    if cfg.nic.mode != "exclusive" and (cfg.nic.addresses or cfg.nic.routes or cfg.nic.mtu):
+        raise ConfigDecodeError(
+            f"request {request!r}: NicConfig.{'/'.join(_IP_SETTINGS)} apply to mode exclusive only: in shared mode "
+            "the netdev stays the host's"
+        )
+    return cfg
+
+
+def opaque_entries(allocation: dict[str, Any], driver_name: str) -> list[OpaqueEntry]:
+    """This driver's opaque configs of an allocation (other drivers' are none of our business)."""
+    out = []
+    for i, c in enumerate((allocation.get("devices") or {}).get("config") or []):
+        opaque = c.get("opaque") or {}
+        if opaque.get("driver") != driver_name:
+            continue
+        out.append(OpaqueEntry(c.get("source", ""), tuple(c.get("requests") or ()), opaque.get("parameters"), i))
+    return out

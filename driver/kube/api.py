@@ -1,0 +1,393 @@
+"""The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA), ResourceSlices, Events.
+
+Everything else in the driver gets plain camelCase dicts and our own exceptions from here, never
+HTTP responses or socket errors, so that callers decide retry versus give-up from one small
+vocabulary (`ApiError.retryable`) and the transport can be swapped or upgraded in one place.
+
+The requests are plain REST over kept-alive connections (`driver.kube.connection`), with the server, TLS
+and credentials of `driver.kube.kubeconfig`, not through the official `kubernetes` client. Its package imports every
+one of its pydantic models (about 35 MiB of the daemon's memory), validates every call's
+arguments against them, and its models silently drop every JSON key they do not know (docs/reference/resource-api.md, 'Python client notes'): a claim
+or slice read through a model would lose fields newer than the client, and the slice publisher
+needs the exact objects the server stored to notice fields the server dropped (list-typed
+attributes with their feature gate off). So every object is sent and read as JSON. Requests ask
+for `application/json`, as the official clients do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts
+from driver.kube.kubeconfig import ConfigError, cluster_access
+from driver.resource_api import API_VERSION
+
+log = logging.getLogger(__name__)
+
+# (connect, read) seconds for every ordinary request: a hung API server must turn into a
+# retryable error, never a thread blocked forever.
+DEFAULT_TIMEOUT = (5.0, 15.0)
+
+# Pooled connections kept to the API server: one per concurrent prepare (the gRPC server's
+# workers), and the slice publisher's. More are opened when needed, but not kept.
+CONNECTIONS = 16
+USER_AGENT = "tandem-driver"
+
+# HTTP statuses worth retrying: throttling, server-side trouble, and 0 for "no response at all"
+# (connection refused/reset, timeout).
+_RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
+
+
+class ApiError(Exception):
+    """A failed API call. `status` is the HTTP status, 0 when no response came back."""
+
+    def __init__(self, message: str, status: int = 0, retryable: bool | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = status in _RETRYABLE if retryable is None else retryable
+
+
+class Conflict(ApiError):
+    """409: the object changed since it was read (optimistic concurrency) or already exists.
+
+    Retryable once the caller has re-read the object.
+    """
+
+
+class NotFound(ApiError):
+    """404: the object (or the API itself) does not exist."""
+
+
+@dataclass(frozen=True)
+class NodeRef:
+    name: str
+    uid: str
+
+
+def _error_from(exc: Exception, what: str) -> ApiError:
+    """No answer at all (refused, reset, timed out, TLS failure, unreadable token): retryable."""
+    if isinstance(exc, ApiError):
+        return exc
+    return ApiError(f"{what}: {type(exc).__name__}: {exc}", 0, retryable=True)
+
+
+def _status_error(resp: Response, what: str) -> ApiError:
+    """An answer outside 2xx, with the message of the metav1.Status the server sends."""
+    status = int(resp.status)
+    detail = ""
+    with contextlib.suppress(Exception):
+        body = resp.read()
+        try:
+            detail = str(json.loads(body).get("message", ""))
+        except (ValueError, AttributeError):
+            detail = body.decode(errors="replace")[:200]
+    msg = f"{what}: HTTP {status} {resp.reason or ''}: {detail}".rstrip(": ")
+    if status == 404:
+        return NotFound(msg, status)
+    if status == 409:
+        return Conflict(msg, status, retryable=True)
+    return ApiError(msg, status)
+
+
+def _decode(resp: Response, what: str) -> dict[str, Any]:
+    """The body is read here, lazily: a connection that breaks or times out mid-body raises
+    now, and must still become an ApiError."""
+    try:
+        obj = json.loads(resp.read())
+    except (ValueError, TypeError) as exc:
+        raise ApiError(f"{what}: response is not JSON: {exc}", resp.status, retryable=True) from exc
+    except Exception as exc:
+        raise _error_from(exc, what) from exc
+    if not isinstance(obj, dict):
+        raise ApiError(f"{what}: response is not a JSON object", resp.status, retryable=True)
+    return obj
+
+
+class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
+    """An open watch stream. `stop()` may be called from another thread to end it at once.
+
+    Without it a stopping publisher would wait for the server-side watch timeout, because a
+    blocked socket read cannot be interrupted any other way.
+    """
+
+    def __init__(self, resp: Response, what: str) -> None:
+        self._resp = resp
+        self._what = what
+        self._events = self._read()
+
+    def stop(self) -> None:
+        # OSError: already ended, the connection closed.
+        with contextlib.suppress(OSError):
+            self._resp.shutdown()
+
+    def __next__(self) -> tuple[str, dict[str, Any]]:
+        return next(self._events)
+
+    def _read(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        what = self._what
+        try:
+            for line in _lines(self._resp):
+                try:
+                    event = json.loads(line)
+                    etype, obj = event["type"], event["object"]
+                except (ValueError, KeyError, TypeError) as exc:
+                    raise ApiError(f"{what}: malformed event: {line[:200]}", retryable=True) from exc
+                if not isinstance(obj, dict) or not isinstance(etype, str):
+                    raise ApiError(f"{what}: malformed event: {line[:200]}", retryable=True)
+                if etype == "ERROR":
+                    code = obj.get("code")
+                    status = code if isinstance(code, int) else 0
+                    raise ApiError(f"{what}: {obj.get('message', 'watch error')}", status, retryable=True)
+                yield etype, obj
+        except ApiError:
+            raise
+        except Exception as exc:
+            raise _error_from(exc, what) from exc
+        finally:
+            self._resp.close()  # a half-read stream never goes back to the pool
+
+
+def _lines(resp: Response) -> Iterator[str]:
+    """The non-empty lines of a streamed body, each as soon as its newline arrives."""
+    buffer = b""
+    for chunk in resp.chunks():
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        yield from (line.decode(errors="replace") for line in lines if line.strip())
+
+
+def _discard(resp: Response) -> None:
+    """Read the body so that the connection can carry the next request."""
+    resp.read()
+
+
+def _answer(sent: Sent, what: str) -> Response:
+    """The answer to `sent` when it is 2xx (body unread); any other outcome as an `ApiError`."""
+    try:
+        resp = sent.response()
+    except Exception as exc:
+        raise _error_from(exc, what) from exc
+    if not 200 <= resp.status < 300:
+        raise _status_error(resp, what)
+    return resp
+
+
+class Pending:
+    """A request sent whose answer is read later: `wait` reads it and keeps its error, `result`
+    raises that error. Once `wait` has an answer, error or not, the server is done with the
+    request; after a timeout or a broken connection no answer came, and it may still be carried
+    out (as with any request whose answer is lost)."""
+
+    def __init__(self, sent: Sent, what: str) -> None:
+        self._sent: Sent | None = sent
+        self._what = what
+        self._error: ApiError | None = None
+
+    def wait(self) -> ApiError | None:
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            try:
+                _discard(_answer(sent, self._what))
+            except Exception as exc:
+                self._error = _error_from(exc, self._what)
+        return self._error
+
+    def result(self) -> None:
+        error = self.wait()
+        if error is not None:
+            raise error
+
+
+def _slice_selector(node_name: str, driver: str) -> str:
+    return f"spec.nodeName={node_name},spec.driver={driver}"
+
+
+class KubeAPI:
+    """The driver's requests to the API server; all methods raise only `ApiError` and subclasses."""
+
+    def __init__(self, kubeconfig: str | None = None, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+        try:
+            access = cluster_access(kubeconfig)
+        except (ConfigError, OSError, ValueError) as exc:
+            raise ApiError(f"cannot load Kubernetes client configuration: {exc}", retryable=False) from exc
+        try:
+            self._pool = ConnectionPool(
+                access.server, access.tls, access.proxy, Timeouts(connect=timeout[0], read=timeout[1]), CONNECTIONS
+            )
+        except ValueError as exc:
+            raise ApiError(f"cannot use the Kubernetes client configuration: {exc}", retryable=False) from exc
+        self._credentials = access.credentials
+        self._read_timeout = timeout[1]
+
+    def close(self) -> None:
+        self._pool.close()
+
+    def _request(self, method: str, path: str, what: str, **options: Any) -> Response:
+        """`_send`, then the response (body unread) when the server answered 2xx."""
+        return _answer(self._send(method, path, what, **options), what)
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        what: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        read_timeout: float | None = None,
+    ) -> Sent:
+        """Send one request now (`Sent`); `body` is sent as JSON (a JSON document is also valid
+        YAML, for apply patches). Failing to send raises `ApiError`."""
+        target = path + (f"?{urlencode(query)}" if query else "")
+        try:
+            headers = {"Accept": "application/json", "User-Agent": USER_AGENT}
+            auth = self._credentials.header()
+            if auth:
+                headers["Authorization"] = auth
+            data = None
+            if body is not None:
+                data = json.dumps(body, separators=(",", ":")).encode()
+                headers["Content-Type"] = content_type
+            return self._pool.send(method, target, data, headers, read_timeout)
+        except Exception as exc:
+            raise _error_from(exc, what) from exc
+
+    # -- nodes -------------------------------------------------------------------------------
+
+    def get_node(self, name: str) -> NodeRef:
+        what = f"get node {name}"
+        obj = _decode(self._request("GET", f"/api/v1/nodes/{_q(name)}", what), what)
+        uid = obj.get("metadata", {}).get("uid")
+        if not isinstance(uid, str) or not uid:
+            raise ApiError(f"{what}: node has no metadata.uid", retryable=False)
+        return NodeRef(name=name, uid=uid)
+
+    # -- claims ------------------------------------------------------------------------------
+
+    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """The v1 ResourceClaim as the server sent it (camelCase), every field of it: the prepare
+        path must see the whole allocation result, and a later read-modify-write must not erase
+        what a client model would have lost."""
+        what = f"get claim {namespace}/{name}"
+        return _decode(self._request("GET", _claim_path(namespace, name), what), what)
+
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+    ) -> None:
+        """Server-side apply of `status.devices` (docs/reference/resource-api.md, 'Writing claim status').
+
+        SSA with our own field manager owns only the entries we send, so the scheduler's
+        allocation and other drivers' device entries stay untouched; force=True takes over
+        fields a previous incarnation of the driver (same manager) or a stray writer set.
+        `uid` makes the server refuse (409) to apply to a claim that was deleted and recreated
+        under the same name: a late call about the old claim must not rewrite the new one.
+        """
+        self.send_claim_status(namespace, name, devices, field_manager, uid=uid).result()
+
+    def send_claim_status(
+        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+    ) -> Pending:
+        """`apply_claim_status`, sent now and answered by `Pending.result`: a prepare writes its
+        files while the server applies."""
+        what = f"apply status of claim {namespace}/{name}"
+        body = {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace, "uid": uid},
+            "status": {"devices": devices},
+        }
+        query = {"fieldManager": field_manager, "force": "true"}
+        path = _claim_path(namespace, name) + "/status"
+        sent = self._send("PATCH", path, what, query=query, body=body, content_type="application/apply-patch+yaml")
+        return Pending(sent, what)
+
+    # -- slices ------------------------------------------------------------------------------
+
+    def list_slices(self, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        """This node's slices of `driver`, and the list's resourceVersion to start a watch from."""
+        what = f"list slices of {driver} on {node_name}"
+        query = {"fieldSelector": _slice_selector(node_name, driver)}
+        obj = _decode(self._request("GET", _SLICES, what, query=query), what)
+        items = obj.get("items") or []
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise ApiError(f"{what}: malformed list", retryable=True)
+        rv = obj.get("metadata", {}).get("resourceVersion", "")
+        return items, str(rv)
+
+    def watch_slices(self, node_name: str, driver: str, resource_version: str, timeout_seconds: int) -> SliceWatch:
+        """Open a watch from `resource_version`; iterate it for (type, object) events.
+
+        BOOKMARK events are yielded too: their resourceVersion lets the caller resume. An ERROR
+        event (e.g. 410 Gone: the resourceVersion is too old) is raised as `ApiError` with the
+        status it carries; the caller must list again.
+        """
+        what = f"watch slices of {driver} on {node_name}"
+        query = {
+            "fieldSelector": _slice_selector(node_name, driver),
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(timeout_seconds),
+            "watch": "true",
+        }
+        # The read timeout must outlast the server-side watch timeout.
+        read_timeout = timeout_seconds + self._read_timeout
+        return SliceWatch(self._request("GET", _SLICES, what, query=query, read_timeout=read_timeout), what)
+
+    def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a slice (use metadata.generateName); returns what the server stored."""
+        what = "create slice"
+        return _decode(self._request("POST", _SLICES, what, body=body), what)
+
+    def update_slice(self, body: dict[str, Any]) -> dict[str, Any]:
+        """PUT a slice. `metadata.resourceVersion` in `body` makes it conditional (409 = Conflict)."""
+        name = body.get("metadata", {}).get("name", "")
+        what = f"update slice {name}"
+        return _decode(self._request("PUT", f"{_SLICES}/{_q(name)}", what, body=body), what)
+
+    def delete_slice(self, name: str, resource_version: str | None = None) -> None:
+        """DELETE a slice; already gone is success. With a resourceVersion, only that version."""
+        what = f"delete slice {name}"
+        body = None
+        if resource_version:
+            body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": resource_version}}
+        try:
+            resp = self._request("DELETE", f"{_SLICES}/{_q(name)}", what, body=body)
+        except NotFound:
+            return
+        _discard(resp)
+
+    # -- events ------------------------------------------------------------------------------
+
+    def create_event(self, namespace: str, body: dict[str, Any]) -> None:
+        """POST an events.k8s.io/v1 Event (`driver.events` builds it)."""
+        what = f"create event in {namespace}"
+        _discard(self._request("POST", _events_path(namespace), what, body=body))
+
+    def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
+        """A JSON merge patch of an Event: a repeat raises its `series` count."""
+        what = f"patch event {namespace}/{name}"
+        path = f"{_events_path(namespace)}/{_q(name)}"
+        _discard(self._request("PATCH", path, what, body=patch, content_type="application/merge-patch+json"))
+
+
+_SLICES = f"/apis/{API_VERSION}/resourceslices"
+
+
+def _q(segment: str) -> str:
+    """One path segment, escaped: a name can never reach another path."""
+    return quote(segment, safe="")
+
+
+def _claim_path(namespace: str, name: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{_q(namespace)}/resourceclaims/{_q(name)}"
+
+
+def _events_path(namespace: str) -> str:
+    return f"/apis/events.k8s.io/v1/namespaces/{_q(namespace)}/events"

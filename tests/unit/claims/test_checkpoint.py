@@ -1,0 +1,156 @@
+"""The checkpoint survives upgrades, corruption and reboots without crash-looping the daemon."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from driver.claims.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
+
+
+def _record(uid: str = "u1") -> ClaimRecord:
+    return ClaimRecord(
+        namespace="ns", name="c", uid=uid, state=STATE_COMPLETED,
+        devices=(DeviceRecord(request_names=("gpu",), pool="node", device="gpu-0", share_id="s1"),),
+    )  # fmt: skip
+
+
+def test_round_trip(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "boot-1")
+    with cp.transaction() as claims:
+        claims["u1"] = _record()
+    assert Checkpoint(tmp_path, "boot-1").read() == {"u1": _record()}
+    doc = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert doc["version"] == 1 and doc["bootID"] == "boot-1"
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
+
+
+def test_fields_from_a_newer_version_are_kept_on_rewrite(tmp_path: Path):
+    (tmp_path / "checkpoint.json").write_text(json.dumps({
+        "version": 7, "bootID": "b", "futureTop": 1,
+        "claims": {"u1": {"namespace": "ns", "name": "c", "state": STATE_COMPLETED, "devices": [],
+                          "futureField": {"x": 1}}},
+    }))  # fmt: skip
+    cp = Checkpoint(tmp_path, "b")
+    with cp.transaction() as claims:
+        claims["u2"] = _record("u2")
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["claims"]["u1"]["futureField"] == {"x": 1}
+    assert set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_corrupt_file_is_moved_aside_and_state_starts_empty(tmp_path: Path, caplog):
+    (tmp_path / "checkpoint.json").write_text('{"claims": [truncated')
+    assert Checkpoint(tmp_path, "b").read() == {}
+    aside = list(tmp_path.glob("checkpoint.json.corrupt-*"))
+    assert len(aside) == 1 and aside[0].read_text() == '{"claims": [truncated'
+    assert "unreadable" in caplog.text
+
+
+def test_a_reboot_invalidates_prepared_claims(tmp_path: Path):
+    with Checkpoint(tmp_path, "boot-1").transaction() as claims:
+        claims["u1"] = _record()
+    assert Checkpoint(tmp_path, "boot-2").read() == {}
+
+
+def test_failed_transaction_writes_nothing(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "b")
+    try:
+        with cp.transaction() as claims:
+            claims["u1"] = _record()
+            raise RuntimeError("crash before commit")
+    except RuntimeError:
+        pass
+    assert cp.read() == {}
+
+
+def _add(data_dir: str, uid: str) -> None:
+    with Checkpoint(Path(data_dir), "b").transaction() as claims:
+        claims[uid] = _record(uid)
+
+
+def test_two_processes_never_lose_each_others_writes(tmp_path: Path):
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_add, args=(str(tmp_path), f"u{i}")) for i in range(8)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert set(Checkpoint(tmp_path, "b").read()) == {f"u{i}" for i in range(8)}
+
+
+def test_valid_json_of_the_wrong_shape_is_moved_aside_too(tmp_path: Path):
+    for shape in (["x"], "ab", {"d1": {"pool": "p", "device": "d"}}):
+        (tmp_path / "checkpoint.json").write_text(
+            json.dumps({"version": 1, "claims": {"u": {"namespace": "n", "name": "c", "devices": shape}}})
+        )
+        assert Checkpoint(tmp_path, "").read() == {}
+        assert not (tmp_path / "checkpoint.json").exists()
+
+
+def test_a_rewrite_by_another_instance_is_seen_even_with_the_same_size_and_time(tmp_path: Path):
+    """On coarse timestamps two same-size rewrites can share an mtime; the inode must tell them apart."""
+    path = tmp_path / "checkpoint.json"
+    mine, other = Checkpoint(tmp_path, "b"), Checkpoint(tmp_path, "b")
+    with mine.transaction() as claims:
+        claims["u1"] = _record("u1")
+    first = path.stat()
+    with other.transaction() as claims:
+        del claims["u1"]
+        claims["u2"] = _record("u2")
+    assert path.stat().st_size == first.st_size
+    os.utime(path, ns=(first.st_atime_ns, first.st_mtime_ns))  # as if written within the same tick
+    assert set(mine.read()) == {"u2"}
+
+
+def test_a_lost_record_stays_marked_incomplete_until_it_is_rebuilt(tmp_path: Path):
+    """Claims may still be prepared that no record names: the file says so, for the other instance
+    of a rolling update and for the next start, until reconciliation has rebuilt the records."""
+    (tmp_path / "checkpoint.json").write_text('{"claims": [truncated')
+    mine, other = Checkpoint(tmp_path, "b"), Checkpoint(tmp_path, "b")
+    with mine.transaction() as claims:
+        claims["u1"] = _record("u1")
+    assert mine.incomplete
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["incomplete"] is True
+    assert set(other.read()) == {"u1"} and other.incomplete
+    other.mark_complete()
+    assert "incomplete" not in json.loads((tmp_path / "checkpoint.json").read_text())
+    assert set(mine.read()) == {"u1"} and not mine.incomplete
+
+
+def test_a_missing_file_is_incomplete_and_one_of_an_earlier_boot_is_not(tmp_path: Path):
+    cp = Checkpoint(tmp_path, "boot-1")
+    assert cp.read() == {} and cp.incomplete
+    with cp.transaction() as claims:
+        claims["u1"] = _record()
+    cp.mark_complete()
+    after_reboot = Checkpoint(tmp_path, "boot-2")
+    assert after_reboot.read() == {} and not after_reboot.incomplete, "nothing of an earlier boot is prepared"
+
+
+def test_an_instance_whose_lock_file_another_removed_before_it_locked_it_locks_a_new_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    """Two instances starting at once: the other's tidy-up finds this one's new file not locked
+    yet and removes it. The lock must end up on a file others can find, or this instance looks dead."""
+    real = fcntl.flock
+    raced: list[int] = []
+
+    def flock(fd: int, op: int) -> None:
+        if not raced:  # the other instance's tidy-up, between this one's open and its lock
+            raced.append(fd)
+            (tmp_path / "instances" / "i-1.lock").unlink()
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    instance = InstanceLock(tmp_path, "i-1")
+    monkeypatch.undo()
+    other = InstanceLock(tmp_path, "i-2")
+    assert raced and other.is_alive("i-1")
+    other.release()
+    instance.release()

@@ -1,0 +1,65 @@
+"""Claim -> this driver's devices on this node, validated before anything touches a file."""
+
+from __future__ import annotations
+
+import pytest
+
+from driver.claims.allocation import ClaimError, ClaimRef, allocated_devices, validate_ref
+
+REF = ClaimRef("default", "c", "uid-1")
+
+
+def _claim(results, uid="uid-1"):
+    return {"metadata": {"uid": uid}, "status": {"allocation": {"devices": {"results": results}}}}
+
+
+def test_keeps_only_this_driver_and_strips_subrequests():
+    claim = _claim([
+        {"request": "gpu/large", "driver": "tandem.dev", "pool": "n1", "device": "gpu-0"},
+        {"request": "other", "driver": "other.example.com", "pool": "n1", "device": "x"},
+        {"request": "nic", "driver": "tandem.dev", "pool": "n1", "device": "pci-0000-8a-00-0", "shareID": "s"},
+        {"request": "mon", "driver": "tandem.dev", "pool": "n1", "device": "gpu-0", "adminAccess": True},
+    ])  # fmt: skip
+    got = allocated_devices(claim, REF, "tandem.dev", "n1")
+    assert [(d.request_names, d.device, d.share_id) for d in got] == [
+        (("gpu", "mon"), "gpu-0", None),
+        (("nic",), "pci-0000-8a-00-0", "s"),
+    ]
+    # One ordinary request makes the device ordinary: it stays under the in-use check.
+    assert got[0].admin_access is False
+    only_admin = _claim(
+        [{"request": "mon", "driver": "tandem.dev", "pool": "n1", "device": "gpu-1", "adminAccess": True}]
+    )
+    assert allocated_devices(only_admin, REF, "tandem.dev", "n1")[0].admin_access is True
+
+
+@pytest.mark.parametrize(
+    ("claim", "match"),
+    [
+        ({"metadata": {"uid": "other"}, "status": {}}, "was replaced"),
+        ({"metadata": {"uid": "uid-1"}, "status": {}}, "not allocated"),
+        (_claim([{"request": "g", "driver": "tandem.dev", "pool": "n2", "device": "gpu-0"}]), "not this node"),
+    ],
+)
+def test_rejections(claim, match):
+    with pytest.raises(ClaimError, match=match):
+        allocated_devices(claim, REF, "tandem.dev", "n1")
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [
+        ClaimRef("../etc", "c", "u"),
+        ClaimRef("ns", "a/b", "u"),
+        ClaimRef("ns", "c", "../../x"),
+        ClaimRef("ns", "c", ""),
+        ClaimRef("NS", "c", "u"),
+        ClaimRef("ns", "c" * 300, "u"),
+        ClaimRef("ns\n", "c", "u"),
+        ClaimRef("ns", "c\n", "u"),
+        ClaimRef("ns", "c", "u\n"),
+    ],
+)
+def test_untrusted_references_are_rejected(ref):
+    with pytest.raises(ClaimError, match="invalid claim"):
+        validate_ref(ref)
