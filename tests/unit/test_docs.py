@@ -1,7 +1,8 @@
-"""The documents stay true to the tree: the module map names every module, and citations resolve.
+"""The documents stay true to the tree: the module map and README's layout name every module, and
+citations resolve.
 
-docs/architecture.md's module map is what a newcomer reads first; a module added, moved or
-removed without it would make the map lie. Citations of the reference documents must name files
+docs/architecture.md's module map is what a newcomer reads first, README's layout table what a
+visitor reads first; a module added, moved or removed without them would make them lie. Citations of the reference documents must name files
 (and section titles) that exist in the repository, never a document outside it.
 """
 
@@ -15,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARCHITECTURE = REPO / "docs" / "architecture.md"
+README = REPO / "README.md"
 # Packages whose every module the map must name; generated code is named as one directory.
 MAPPED_PACKAGES = ("driver", "cdi", "sim", "demo")
 GENERATED = ("driver/kubelet/api/",)
@@ -40,6 +42,24 @@ def _modules() -> set[str]:
     return found
 
 
+def _readme_layout() -> list[tuple[list[str], str]]:
+    """The rows of README's layout table: the paths of the first cell, and the second cell."""
+    section = README.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| ((?:`[^`]+`(?:, )?)+) \| (.*) \|$", section, re.MULTILINE)
+    return [(re.findall(r"`([^`]+)`", paths), what) for paths, what in rows]
+
+
+def _readme_modules() -> list[str]:
+    """Every module README's layout names: as a path of its own, or as `name.py` in its folder's
+    row (`driver/claims/`: `prepare.py`, ...), which keeps a package's modules on one line."""
+    named = []
+    for paths, what in _readme_layout():
+        named += [p for p in paths if p.endswith(".py")]
+        for folder in (p for p in paths if p.endswith("/") and p.split("/")[0] in MAPPED_PACKAGES):
+            named += [folder + name for name in re.findall(r"`([\w/]+\.py)`", what)]
+    return named
+
+
 def _tracked_files() -> list[Path]:
     try:
         out = subprocess.run(
@@ -61,6 +81,28 @@ def test_the_module_map_names_only_what_exists() -> None:
 def test_every_module_is_in_the_module_map() -> None:
     unlisted = sorted(_modules() - set(_module_map()))
     assert not unlisted, f"add these modules to the module map in docs/architecture.md: {unlisted}"
+
+
+def test_the_readme_layout_names_only_what_exists() -> None:
+    rows = _readme_layout()
+    assert rows, "README.md has no layout table"
+    missing = [p for paths, _ in rows for p in paths if not (REPO / p).exists()]
+    missing += [p for p in _readme_modules() if not (REPO / p).is_file()]
+    assert not missing, f"README.md's layout names paths that do not exist: {missing}"
+    named = _readme_modules()
+    assert len(named) == len(set(named)), "README.md's layout names a module twice"
+
+
+def test_every_module_is_in_the_readme_layout() -> None:
+    unlisted = sorted(_modules() - set(_readme_modules()))
+    assert not unlisted, f"name these modules in README.md's layout table (in their folder's row): {unlisted}"
+
+
+def test_every_top_level_folder_is_in_the_readme_layout() -> None:
+    folders = {p.relative_to(REPO).parts[0] for p in _tracked_files() if len(p.relative_to(REPO).parts) > 1}
+    listed = {p.split("/")[0] for paths, _ in _readme_layout() for p in paths}
+    unlisted = sorted(f for f in folders - listed if not f.startswith("."))
+    assert not unlisted, f"add these folders to README.md's layout table: {unlisted}"
 
 
 def test_no_file_cites_a_document_outside_the_repository() -> None:

@@ -417,7 +417,7 @@ def test_many_addresses_stay_within_attribute_limits(node: Node) -> None:
 
 
 def test_char_devices_are_named_from_sysfs_whether_or_not_their_node_exists(node: Node) -> None:
-    """A missing node is prepare's to report (the claim fails naming it: test_claim_cdi), not
+    """A missing node is prepare's to report (the claim fails naming it: test_cdi_spec), not
     discovery's to hide."""
     s = spec(1)
     node.add(s)
