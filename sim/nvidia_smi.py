@@ -10,7 +10,9 @@ under its `<state>.lock`, as the fake itself writes it), since the time slice is
   GPU's `time_slice`. `<id>` is a GPU UUID, an index or a PCI bus ID, as nvidia-smi accepts them.
   Refused as the real one refuses it: a MIG device or a GPU in MIG mode "is not supported" (exit
   3), an unknown ID is not found (exit 6), a value outside 0..3 or a missing one is an invalid
-  argument (exit 2), no driver is exit 9 (nvidia-smi's return values).
+  argument (exit 2), no driver is exit 9 (nvidia-smi's return values). A GPU whose UUID is listed
+  in `<state>.smi-faults` (`sim.nvml.set_compute_policy_fault`) fails as a GPU that fell off the
+  bus fails (exit 15).
 * `nvidia-smi compute-policy -l [-i <id>]`: each GPU's time slice, one line each.
 """
 
@@ -23,7 +25,7 @@ import os
 import sys
 from typing import Any
 
-INVALID, NOT_SUPPORTED, NOT_FOUND, NO_DRIVER = 2, 3, 6, 9
+INVALID, NOT_SUPPORTED, NOT_FOUND, NO_DRIVER, GPU_LOST = 2, 3, 6, 9, 15
 _NAMES = ("Default", "Short", "Medium", "Long")
 
 
@@ -33,6 +35,14 @@ def _find(gpus: list[dict[str, Any]], ident: str) -> dict[str, Any] | None:
         if ident in (g.get("uuid"), str(g.get("index"))) or ident.lower() in (bus, "0000" + bus[4:]):
             return g
     return None
+
+
+def _faults(state: str) -> set[str]:
+    try:
+        with open(state + ".smi-faults", encoding="utf-8") as f:
+            return set(json.load(f))
+    except FileNotFoundError:
+        return set()
 
 
 def _args(argv: list[str]) -> tuple[str | None, str | None, bool]:
@@ -93,6 +103,11 @@ def compute_policy(argv: list[str]) -> int:
         if any(g.get("mig_mode") for g in chosen):
             print("Setting the compute policy is not supported on a GPU in MIG mode.", file=sys.stderr)
             return NOT_SUPPORTED
+        faults = _faults(state)
+        for g in chosen:
+            if g.get("uuid") in faults:
+                print(f"Unable to set the timeslice for GPU {g['pci_bus_id']}: GPU is lost.", file=sys.stderr)
+                return GPU_LOST
         for g in chosen:
             g["time_slice"] = int(value)
         tmp = f"{state}.{os.getpid()}.tmp"

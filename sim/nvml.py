@@ -62,6 +62,23 @@ def hung_at(state_path: Path) -> str:
         return ""
 
 
+def smi_faults_path(state_path: Path) -> Path:
+    """GPU UUIDs whose `nvidia-smi compute-policy --set-timeslice` fails (sim/nvidia_smi.py)."""
+    return state_path.with_name(state_path.name + ".smi-faults")
+
+
+def set_compute_policy_fault(state_path: Path, uuid: str, failing: bool) -> None:
+    """Make the simulated nvidia-smi fail (or work again) when it sets the time slice of `uuid`,
+    as the real one fails on a GPU that fell off the bus."""
+    path = smi_faults_path(state_path)
+    try:
+        faults = set(json.loads(path.read_text()))
+    except FileNotFoundError:
+        faults = set()
+    faults = faults | {uuid} if failing else faults - {uuid}
+    _replace(path, json.dumps(sorted(faults)))
+
+
 def write_driver_unloaded(path: Path) -> None:
     """Make the fake NVML behave as if the kernel driver were not loaded."""
     _replace(path, json.dumps({"driver_loaded": False}))
