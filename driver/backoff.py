@@ -32,8 +32,10 @@ class Retry:
         self.policy = policy
         self.attempt = 0
 
-    def next(self) -> float:
-        delay = self.policy.delay(self.attempt)
+    def next(self, at_least: float = 0.0) -> float:
+        """The delay before the next try: the policy's, or `at_least` when the other side asked
+        for longer (an API server's Retry-After, already bounded by the door that read it)."""
+        delay = max(self.policy.delay(self.attempt), at_least)
         self.attempt += 1
         return delay
 

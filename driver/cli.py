@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn, cast
+from typing import Any, NoReturn
 
 from driver.config import (
     DEFAULT_NIC_SHARES,
@@ -337,7 +337,7 @@ def driver_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     def command(name: str, help: str) -> _Parser:
-        return cast(_Parser, sub.add_parser(name, help=help))
+        return sub.add_parser(name, help=help)
 
     _add_run_flags(command("run", "run the node daemon (default)"))
     live = command("liveness", "probe a running daemon through its kubelet sockets (exit 0 = alive)")

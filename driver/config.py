@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cdi import is_dns_subdomain
+from driver.errors import InvalidInput
 from driver.model import DeviceKind
 
 # Pod and claim UIDs are RFC 4122 UUIDs in practice; accept the safe character set a UID can use.
@@ -28,7 +29,7 @@ DEFAULT_NIC_SHARES = 63
 MAX_NIC_SHARES = 1000
 
 
-class ConfigError(ValueError):
+class ConfigError(InvalidInput):
     """A configuration value is invalid; the message names the flag and says what is wrong."""
 
 

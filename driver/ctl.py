@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from driver.errors import EndpointError
 from driver.health.gpu_release import RELEASE_TIMEOUT
 from driver.status_socket import status_socket_path
 
@@ -26,7 +27,7 @@ EXIT_DEGRADED = 1  # also: the daemon refused the request
 EXIT_UNREACHABLE = 2
 
 
-class Unreachable(Exception):
+class Unreachable(EndpointError):
     """No usable answer from the daemon: no socket, refused, timed out, or not our protocol."""
 
 

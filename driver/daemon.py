@@ -22,6 +22,7 @@ from driver.claims.allocation import PrepareSettings
 from driver.claims.checkpoint import Checkpoint, DeviceRecord, InstanceLock
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
+from driver.claims.gpu.mig_owners import MigOwners
 from driver.claims.gpu.mps import MpsDaemons, MpsError
 from driver.claims.gpu.sharing import GpuSharing, mps_gpus, time_slice_gpus
 from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
@@ -84,14 +85,18 @@ class Daemon:
         )
         metadata = MetadataWriter(self.data_dir, config.cdi_root, config.driver_name)
         files = ClaimFiles(settings, metadata)
-        # Dynamic MIG: MIG devices made at prepare; a change is rediscovered at once (health
-        # attribution, the administrator's instances told apart from Tandem's).
-        self.partitions = MigPartitions(config.nvidia_driver_root, config.proc_root, on_change=self._rediscover_gpus)
+        # Dynamic MIG: MIG devices made at prepare, noted as Tandem's apart from the records; a
+        # change is rediscovered at once (health attribution, the administrator's instances told
+        # apart from Tandem's).
+        owners = MigOwners(self.data_dir, boot_id())
+        self.partitions = MigPartitions(config.nvidia_driver_root, config.proc_root, owners,
+                                        self.instance.instance_id, on_change=self._rediscover_gpus)  # fmt: skip
         # Kubernetes Events: a failed prepare on its claim, device health and cordons on the Node.
         self.events = EventRecorder(self.api, config.driver_name, config.node_name, self.inventory.devices)
         self.inventory.subscribe(self.events.inventory_changed)
         # Exclusive NICs come back from pods under their pod-side name: give them back their own.
-        self.nic_homes = NicHomes(self.data_dir, config.netns or None) if config.nic_link_source == "netlink" else None
+        homes = NicHomes(self.data_dir, config.netns or None, warn=self.events.nic_not_home)
+        self.nic_homes = homes if config.nic_link_source == "netlink" else None
 
         # Shared GPUs, as the checkpoint's records say: one MPS control daemon per GPU that MPS
         # claims use; the time-slice interval the records ask for, the default back where none does.
@@ -214,11 +219,12 @@ class Daemon:
                 proc_root=cfg.proc_root,
                 shares=cfg.nic_shares,
                 link_events=lambda ifname: self._nic_watcher.link_events(ifname) if self._nic_watcher else 0,
+                home_names=self.nic_homes.home_names if self.nic_homes is not None else dict,
             )
 
             def discover_nics() -> list[Device]:
                 devices = nics.discover(keep=self._allocated_nics)
-                if self.nic_homes is not None and self.nic_homes.restore(devices, self._allocated_nics()):
+                if self.nic_homes is not None and self.nic_homes.restore(nics.host_netdevs(), self._allocated_nics()):
                     devices = nics.discover(keep=self._allocated_nics)  # as given back
                 return devices
 
@@ -257,8 +263,10 @@ class Daemon:
                 source.refresh(timeout=MIG_REDISCOVERY_WAIT)
 
     def _owned_placements(self) -> set[MigPlacement]:
-        """The GPU instances Tandem made or is making (dynamic MIG), as the checkpoint records them."""
-        return {d.mig for c in self.checkpoint.read().values() for d in c.devices if d.mig is not None}
+        """The GPU instances Tandem made or is making (dynamic MIG), as the checkpoint records them
+        and as the MIG note has them (which a lost checkpoint does not lose)."""
+        recorded = {d.mig for c in self.checkpoint.read().values() for d in c.devices if d.mig is not None}
+        return recorded | self.partitions.owned()
 
     def _allocated_nics(self) -> set[str]:
         """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""

@@ -8,7 +8,8 @@ What is reported (docs/deployment.md, 'Events'):
 * on the **Node**, `Warning DeviceUnhealthy` when a device turns unhealthy (with the reason),
   `Normal DeviceHealthy` when it is healthy again, `Normal DeviceCordoned` / `DeviceUncordoned`
   when an SRE cordons or uncordons it. The state at start-up is the baseline, not an event: the
-  device's taint already says it.
+  device's taint already says it. Also `Warning NicNotReturned` when an exclusive NIC back from its
+  pod cannot be given back its host name and addresses (once per NIC and reason).
 
 As client-go's event recorder (k8s.io/client-go/tools/events) does: an event that repeats (same
 object, reason, action and note) while the last one is less than `SERIES_WINDOW` old becomes a
@@ -100,7 +101,8 @@ def micro_time(at: float) -> str:
 
 
 class EventRecorder:
-    """Sends events from its own thread; `claim_failed` and `inventory_changed` are the sources."""
+    """Sends events from its own thread; `claim_failed`, `nic_not_home` and `inventory_changed` are
+    the sources."""
 
     def __init__(
         self,
@@ -135,6 +137,11 @@ class EventRecorder:
     def claim_failed(self, namespace: str, name: str, uid: str, error: str) -> None:
         regarding = Regarding("resource.k8s.io/v1", "ResourceClaim", name, uid, namespace)
         self._put(Occurrence(regarding, "Warning", "PrepareFailed", "PrepareResources", error))
+
+    def nic_not_home(self, note: str) -> None:
+        """An exclusive NIC back from its pod that cannot be given back its host identity
+        (`driver.claims.nic.homes`): it keeps the name it came back with, without its addresses."""
+        self._put(self._node_event("Warning", "NicNotReturned", "ReturnNic", note))
 
     def inventory_changed(self) -> None:
         """An inventory subscriber: only wakes the thread, which compares health itself."""

@@ -1,7 +1,22 @@
 """Node-local facts of the data dir shared by the driver's state files: the boot they belong to,
-the lock that serialises their writers, and reading the small ones (cordons, releases).
+the lock that serialises their writers, and reading them (their format versions, a bad one set aside).
 
-Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it.
+Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it. A
+file that is not Tandem's to trust (one a tenant can write, a process's `/proc` entry) is read
+only through `read_untrusted`.
+
+Every state file kept across restarts names its format `version` at its top level, and every
+reader follows one rule (`parse_state`): no `version` (a file from before formats were versioned)
+is version 0; a file of an older version is upgraded step by step (`Upgrade`) as it is read, and
+written back at the current one by the next change; a newer version, or one no step leads from,
+is refused. A refused file is never a reason to crash-loop: it is moved aside whole for inspection
+(`set_aside`: `<name>.newer-<time>` for a newer version, `<name>.corrupt-<time>` otherwise,
+logged) and the file counts as missing. So after a downgrade the old release sets aside what it
+cannot read instead of misreading it, and loses nothing: the newer release that wrote it can read
+it again. The version goes up only for a change that a reader of the previous one would misread;
+an added field is no such change (readers ignore fields they do not know, and the checkpoint
+keeps them on rewrite). The two instances of a rolling update share these files, so a new version
+is read by one release before a later one writes it.
 
 Which writes are fsynced (`durable`): only state that must survive a reboot, cordons and NVML
 releases. The record of prepared claims (`driver.claims.checkpoint`) and each claim's files (its CDI
@@ -19,19 +34,84 @@ and cost a disk flush per file: 15 per prepare and unprepare.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
 import os
+import stat
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
+
+from driver.errors import NodeError
 
 log = logging.getLogger(__name__)
 
 PREPARED_STATE_DURABLE = False  # see the module docstring
+
+Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
+"""Turns a state file's top-level object of one format version into one of the next version."""
+
+_NO_UPGRADES: Mapping[int, Upgrade] = MappingProxyType({})
+
+
+class StateFileError(NodeError):
+    """A state file this release cannot read: not a JSON object, or of a format version it does not know."""
+
+
+class NewerFormat(StateFileError):
+    """A state file of a format version newer than this release reads: written by a newer release
+    (a downgrade, or the newer instance of a rolling update)."""
+
+
+def unchanged(doc: dict[str, Any]) -> dict[str, Any]:
+    """The upgrade from a version whose layout the next one kept: only its number went up (the
+    step from 0, a file without a version, for a file whose first version added only that)."""
+    return doc
+
+
+def parse_state(data: bytes, version: int, upgrades: Mapping[int, Upgrade]) -> dict[str, Any]:
+    """The top-level object of a state file, at format `version` (the module docstring's rule).
+
+    `upgrades[n]` turns a version-n object into a version n+1 one. Raises StateFileError (NewerFormat
+    for a newer version), or ValueError for bytes that are not JSON.
+    """
+    raw = json.loads(data)
+    if not isinstance(raw, dict):
+        raise StateFileError("top level is not an object")
+    doc: dict[str, Any] = raw
+    found = doc.get("version", 0)
+    if type(found) is not int or found < 0:
+        raise StateFileError(f"format version {found!r} is not a whole number")
+    if found > version:
+        raise NewerFormat(
+            f"format version {found} is newer than this release of Tandem reads (up to {version}): a newer release wrote it"
+        )
+    for step in range(found, version):
+        if step not in upgrades:
+            raise StateFileError(
+                f"format version {found} is older than this release of Tandem reads (no upgrade from version {step})"
+            )
+        doc = upgrades[step](doc)
+    return doc
+
+
+def set_aside(path: Path, what: str, error: Exception, consequence: str) -> None:
+    """Moves an unreadable state file aside whole, for inspection, and logs why and what follows.
+
+    Never over one set aside before (the other instance of a rolling update may have, within the
+    same clock tick); the callers hold the file's lock, so no other writer picks the same name.
+    """
+    kind = "newer" if isinstance(error, NewerFormat) else "corrupt"
+    stamp = time.time_ns()
+    while (aside := path.with_name(f"{path.name}.{kind}-{stamp}")).exists():
+        stamp += 1
+    os.replace(path, aside)
+    log.error("%s file %s is unreadable (%s); moved aside to %s, %s", what, path, error, aside, consequence)
 
 
 def boot_id(proc_root: Path = Path("/proc")) -> str:
@@ -57,22 +137,61 @@ def locked(mutex: threading.Lock, lock_path: Path) -> Iterator[None]:
             os.close(fd)  # closing releases the flock
 
 
-def read_json_state(path: Path, what: str, key: str, kind: type) -> Any:
-    """The `key` entry of a small JSON state file (cordons, releases); `kind()` when there is none.
+def read_json_state(
+    path: Path,
+    what: str,
+    key: str,
+    kind: type,
+    *,
+    version: int = 0,
+    upgrades: Mapping[int, Upgrade] = _NO_UPGRADES,
+) -> Any:
+    """The `key` entry of a small JSON state file of format `version`; `kind()` when there is none.
 
-    A file that is not JSON, or not an object whose `key` is a `kind`, is moved aside for
-    inspection (`<name>.corrupt-<time>`, logged) and counts as missing: a bad file is never a
-    reason for the daemon to crash-loop.
+    A file `parse_state` refuses, or whose `key` is not a `kind`, is set aside (`set_aside`) and
+    counts as missing: none of its entries apply. The defaults describe a file not versioned yet.
     """
     try:
-        raw = json.loads(path.read_bytes())
-        if not isinstance(raw, dict) or not isinstance(raw.get(key, kind()), kind):
-            raise ValueError(f"top level is not an object with a {key!r} {kind.__name__}")
+        raw = parse_state(path.read_bytes(), version, upgrades)
+        if not isinstance(raw.get(key, kind()), kind):
+            raise StateFileError(f"top level has no {key!r} {kind.__name__}")
     except FileNotFoundError:
         return kind()
-    except (ValueError, UnicodeDecodeError) as e:
-        aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
-        os.replace(path, aside)
-        log.error("%s file %s is unreadable (%s); moved aside to %s, none apply", what, path, e, aside)
+    except (ValueError, StateFileError) as e:
+        set_aside(path, what, e, "none apply")
         return kind()
     return raw.get(key, kind())
+
+
+def read_untrusted(path: Path, limit: int) -> bytes:
+    """The bytes of a file someone else can write (a tenant's, a process's `/proc` entry), read
+    so that no such file can hang, flood or redirect the reader: OSError unless it is a regular
+    file of at most `limit` bytes.
+
+    Opened first as a bare reference (`O_PATH`, `O_NOFOLLOW`): a symlink (to `/dev/zero`, to a
+    file of the host) is refused as one, and neither a FIFO (whose open blocks) nor a device node
+    (whose open can act) is ever opened for reading; only once `fstat` shows a regular file is it
+    reopened, through that reference, to read (`O_NONBLOCK`, `O_NOCTTY`), at most `limit` + 1
+    bytes. Only the last component is not followed: the directories above it must be the
+    reader's own.
+    """
+    ref = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(ref).st_mode
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file ({stat.filemode(mode)})", str(path))
+        fd = os.open(f"/proc/self/fd/{ref}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    finally:
+        os.close(ref)
+    try:
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0 and (chunk := os.read(fd, left)):
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+    return data

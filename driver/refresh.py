@@ -12,13 +12,14 @@ import time
 from collections.abc import Callable, Sequence
 
 from driver.backoff import Backoff, Retry
+from driver.errors import NodeError
 from driver.inventory import Inventory
 from driver.model import Device
 
 log = logging.getLogger(__name__)
 
 
-class SourceUnavailable(Exception):
+class SourceUnavailable(NodeError):
     """The whole source is unavailable (e.g. NVML cannot initialise); retried with backoff."""
 
 

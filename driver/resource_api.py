@@ -35,6 +35,9 @@ MAX_TAINTS = 16
 # Per device entry of a claim's status.devices: addresses in networkData.ips.
 MAX_NETWORK_IPS = 16
 
+# Bytes of one opaque configuration's `parameters`, as JSON (OpaqueParametersMaxLength).
+MAX_OPAQUE_PARAMETERS = 10 * 1024
+
 
 def value_count(attributes: Mapping[str, object]) -> int:
     """Attribute values as MAX_ATTRIBUTE_VALUES counts them: a list counts each of its elements."""

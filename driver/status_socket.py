@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from driver.claims.checkpoint import ClaimRecord
+from driver.errors import EndpointError
 from driver.health.cordon import CordonError, CordonStore, UnknownDevice
 from driver.health.gpu_release import GpuReleases, ReleaseError, ReleaseTimeout
 from driver.inventory import Inventory
@@ -53,7 +54,7 @@ def status_socket_path(data_dir: Path) -> Path:
     return data_dir / SOCKET_NAME
 
 
-class RequestError(Exception):
+class RequestError(EndpointError):
     def __init__(self, status: HTTPStatus, message: str) -> None:
         super().__init__(message)
         self.status = status
@@ -153,7 +154,7 @@ class StatusServer:
             },
             "unhealthy": unhealthy,
             "cordoned": cordoned,
-            "released": [r.to_json() for r in self._releases.list()],
+            "released": [r.to_json() for r in self._releases.current()],
             "daemon": info,
         }
 
@@ -181,7 +182,7 @@ class StatusServer:
         _one_target(body, device)
         log.info("reacquire of %s requested through the status socket by %s", device or "everything", peer)
         ended = self._releases.reacquire(device)
-        return {"reacquired": [r.to_json() for r in ended], "released": [r.to_json() for r in self._releases.list()]}
+        return {"reacquired": [r.to_json() for r in ended], "released": [r.to_json() for r in self._releases.current()]}
 
     def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> dict[str, Any]:
         """Routes one request; raises RequestError for anything the client got wrong."""
@@ -273,13 +274,13 @@ def _one_target(body: dict[str, Any], device: str) -> None:
         raise ReleaseError("name one device, or all (true) for the whole of NVML")
 
 
-def _serve(server: socketserver.BaseServer, wake: WakePipe) -> None:
+def _serve(server: socketserver.UnixStreamServer, wake: WakePipe) -> None:
     """Accept clients until `wake`, asleep in select() in between. (socketserver's serve_forever
     polls for its shutdown flag instead: 10 times a second at the 0.1 s that keeps a stop quick,
     a quarter of the idle daemon's CPU.)"""
     while True:
-        readable, _, _ = select.select([server, wake], [], [])
-        if wake in readable:
+        readable, _, _ = select.select([server.fileno(), wake.fileno()], [], [])
+        if wake.fileno() in readable:
             return
         server.handle_request()
 

@@ -19,24 +19,22 @@ from driver.discovery.dynamic_mig import DynamicMigReader
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
 from driver.discovery.nic_scan import NicDiscoveryError
-from driver.node.nvml import DeviceSkipped, NvmlUnavailable
+from driver.node.nvml import DeviceSkipped, NvmlError, NvmlUnavailable, init_nvml, shutdown_nvml
 from driver.slices.build import build_slices
 
 
 def print_mig_placements() -> None:
     """Profiles and placements through the reader dynamic MIG publishes from, one GPU per line as a
     YAML comment; NVML's error instead where it refuses (a GPU without MIG support, say)."""
-    import pynvml
-
-    pynvml.nvmlInit()
+    nvml = init_nvml(Path("/"))  # through the door, as the daemon: NVML's errors are NvmlErrors
     try:
-        reader = DynamicMigReader(pynvml)
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            name = pynvml.nvmlDeviceGetName(handle)
+        reader = DynamicMigReader(nvml)
+        for i in range(nvml.nvmlDeviceGetCount()):
+            handle = nvml.nvmlDeviceGetHandleByIndex(i)
+            name = nvml.nvmlDeviceGetName(handle)
             try:
-                mode = pynvml.nvmlDeviceGetMigMode(handle)
-            except pynvml.NVMLError as e:
+                mode = nvml.nvmlDeviceGetMigMode(handle)
+            except NvmlError as e:
                 mode = str(e)
             try:
                 facts = [
@@ -48,7 +46,7 @@ def print_mig_placements() -> None:
                 facts = [str(e)]
             print(f"# MIG {i} {name} mode={mode}: {json.dumps(facts)}")
     finally:
-        pynvml.nvmlShutdown()
+        shutdown_nvml(nvml)
 
 
 def main() -> int:

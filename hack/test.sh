@@ -23,6 +23,7 @@ hack/verify-proto.sh
 ruff check .
 ruff format --check .
 lint-imports
+mypy  # strict, on driver/ and cdi/ ([tool.mypy] in pyproject.toml)
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null && [ "${TANDEM_E2E:-1}" != 0 ]; then
   # A cluster that fails to come up fails the cluster tests (with its log), not the others.
   hack/cluster.sh up || echo "hack/cluster.sh up failed: the tests in tests/cluster will fail" >&2

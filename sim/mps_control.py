@@ -5,7 +5,8 @@ Rendered into the simulated driver root as `usr/bin/nvidia-cuda-mps-control` (`s
 so the driver starts and stops it exactly as it would NVIDIA's (NVIDIA's MPS documentation,
 'Appendix: Tools and Interface Reference'); it is stdlib-only and self-contained for that reason.
 
-* `nvidia-cuda-mps-control -d`: starts the control daemon in the background and returns. The
+* `nvidia-cuda-mps-control -d`: starts the control daemon in the background and returns;
+  `nvidia-cuda-mps-control -f`: runs it in the foreground (the process is the daemon). The
   daemon takes its pipe directory from `CUDA_MPS_PIPE_DIRECTORY` (default `/tmp/nvidia-mps`) and
   its log directory from `CUDA_MPS_LOG_DIRECTORY` (default `/var/log/nvidia-mps`), writes its PID
   to `<pipe dir>/nvidia-cuda-mps-control.pid`, listens on `<pipe dir>/control` and logs to
@@ -23,11 +24,12 @@ Anything else is answered with an error line, as the real daemon answers an unkn
 `TANDEM_SIM_MPS_CVD` names a file the daemon writes its `CUDA_VISIBLE_DEVICES` to, for tests.
 
 Crash tests stop it at a step, as the fake NVML stops a call (`sim.nvml.hung_at`): when
-`<TANDEM_SIM_NVML_STATE>.mps-hang` names `before:mps-start` (`-d` before it starts the daemon),
-`after:mps-start` (the daemon up, `-d` not returned yet), `before:mps-quit` or `after:mps-quit`
-(the front end around a `quit`), it writes the step to `<state>.hung` and waits there until its
-caller is gone and the file no longer names the step; then it carries on, as the real program
-does when the process that ran it is killed.
+`<TANDEM_SIM_NVML_STATE>.mps-hang` names `before:mps-start` (`-d` or `-f` before it starts the
+daemon), `after:mps-start` (the daemon up: with `-d`, before `-d` returns; with `-f`, listening
+but answering nothing yet), `before:mps-quit` or `after:mps-quit` (the front end around a
+`quit`), it writes the step to `<state>.hung` and waits there until its caller is gone and the
+file no longer names the step; then it carries on, as the real program does when the process that
+ran it is killed.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Callable
 
 PID_FILE = "nvidia-cuda-mps-control.pid"
 CONTROL = "control"
@@ -118,7 +121,8 @@ class _Daemon:
             return self.mem_limits.get(args[0], "0M"), False
         return f"Unrecognized command: {line.strip()}", False
 
-    def serve(self) -> None:
+    def serve(self, up: Callable[[], None] = lambda: None) -> None:
+        """Listens and answers until `quit`; `up` runs once it listens, before the first answer."""
         path = os.path.join(self.pipe_dir, CONTROL)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
@@ -136,6 +140,7 @@ class _Daemon:
         self.log(f"Starting control daemon using socket {path}")
         self.log(f"To connect CUDA applications to this daemon, set env CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir}")
         try:
+            up()
             while True:
                 conn, _ = server.accept()
                 with conn, conn.makefile("rw") as stream:
@@ -182,6 +187,17 @@ def _daemonize(pipe_dir: str, log_dir: str) -> int:
         os._exit(0)
 
 
+def _foreground(pipe_dir: str, log_dir: str) -> int:
+    if _alive(pipe_dir):
+        print("An instance of this daemon is already running", file=sys.stderr)
+        return 1
+    os.makedirs(pipe_dir, exist_ok=True)
+    os.makedirs(log_dir, exist_ok=True)
+    _hang("before:mps-start")
+    _Daemon(pipe_dir, log_dir).serve(up=lambda: _hang("after:mps-start"))
+    return 0
+
+
 def _front_end(pipe_dir: str) -> int:
     client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -211,6 +227,8 @@ def main(argv: list[str]) -> int:
     pipe_dir, log_dir = _dirs()
     if argv == ["-d"]:
         return _daemonize(pipe_dir, log_dir)
+    if argv == ["-f"]:
+        return _foreground(pipe_dir, log_dir)
     if not argv:
         return _front_end(pipe_dir)
     print(f"Usage: nvidia-cuda-mps-control [-d | -f]; got {' '.join(argv)}", file=sys.stderr)

@@ -92,6 +92,30 @@ H100_80GB_MIG = _mig_table((10, 20, 40, 80), (9984, 20096, 20096, 40448, 81152),
 # As real NVML reports them on an H200 (driver 580.159.04).
 H200_MIG = _mig_table((18, 35, 71, 141), (16384, 33280, 33280, 71424, 143360), _HOPPER_SMS, **_HOPPER_ENGINES)
 
+# Blackwell: the RTX PRO 6000 Blackwell's 4-memory-slice table (96GB), the one with every kind of
+# profile suffix NVML names: "+me" (one of each media engine, the OFA among them), "+me.all" (every
+# decoder, encoder, JPEG and OFA engine on one slice), "-me" (none), "+gfx" (graphics). Names, IDs,
+# SMs, engines, copy engines and instance counts as NVIDIA's MIG user guide ('Supported MIG
+# Profiles') and `nvidia-smi mig -lgip` list them; memory from its GiB; the enum each name is
+# (nvidia-ml-py's NVML_GPU_INSTANCE_PROFILE_*: REV1 +me, GFX, NO_ME, ALL_ME).
+RTX_PRO_6000_MIG = [
+    MigProfileSpec(name, enum, pid, g, n, list(range(0, 4, size)), size, mb, sms, g, dec, dec, ofa, encoders=dec)
+    for name, enum, pid, g, n, size, mb, sms, dec, ofa in [
+        # name, enum, id, compute slices, instances, size, memory MB, SMs, NVDEC/NVENC/NVJPG each, OFA
+        ("1g.24gb", 0x0, 14, 1, 4, 1, 24192, 46, 1, 0),  # 1_SLICE
+        ("1g.24gb+me", 0x7, 21, 1, 1, 1, 24192, 46, 1, 1),  # 1_SLICE_REV1
+        ("1g.24gb+gfx", 0xA, 47, 1, 4, 1, 24192, 46, 1, 0),  # 1_SLICE_GFX
+        ("1g.24gb-me", 0xD, 67, 1, 4, 1, 24192, 46, 0, 0),  # 1_SLICE_NO_ME
+        ("1g.24gb+me.all", 0xF, 65, 1, 1, 1, 24192, 46, 4, 1),  # 1_SLICE_ALL_ME
+        ("2g.48gb", 0x1, 5, 2, 2, 2, 48512, 94, 2, 0),  # 2_SLICE
+        ("2g.48gb+gfx", 0xB, 35, 2, 2, 2, 48512, 94, 2, 0),  # 2_SLICE_GFX
+        ("2g.48gb-me", 0xE, 66, 2, 2, 2, 48512, 94, 0, 0),  # 2_SLICE_NO_ME
+        ("2g.48gb+me.all", 0x10, 64, 2, 1, 2, 48512, 94, 4, 1),  # 2_SLICE_ALL_ME
+        ("4g.96gb", 0x3, 0, 4, 1, 4, 97280, 188, 4, 1),  # 4_SLICE
+        ("4g.96gb+gfx", 0xC, 32, 4, 1, 4, 97280, 188, 4, 1),  # 4_SLICE_GFX
+    ]
+]
+
 
 @dataclass
 class MigDeviceSpec:

@@ -13,11 +13,14 @@ import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 from cdi import is_dns_label, is_dns_subdomain
 from driver.claims.checkpoint import DeviceRecord
 from driver.config import is_uid
+from driver.errors import InvalidInput
+from driver.kube.types import AllocatedDeviceStatus, ResourceClaim
+from driver.untrusted import shown
 
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 
@@ -43,22 +46,22 @@ class PendingApply(Protocol):
 class ClaimAPI(Protocol):
     """What the prepare path needs of the API server (`driver.kube.api.KubeAPI`)."""
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]: ...
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim: ...
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+        self, namespace: str, name: str, devices: list[AllocatedDeviceStatus], field_manager: str, *, uid: str
     ) -> None:
         """`uid` is required: with it the server refuses to write to a claim that was deleted and
         recreated under the same name, so a late call about the old claim cannot touch the new one."""
 
     def send_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+        self, namespace: str, name: str, devices: list[AllocatedDeviceStatus], field_manager: str, *, uid: str
     ) -> PendingApply:
         """`apply_claim_status`, sent now and answered later, so that a prepare's files are written
         while the server applies."""
 
 
-class ClaimError(Exception):
+class ClaimError(InvalidInput):
     """This claim cannot be prepared; the message goes back to the kubelet for this claim only."""
 
 
@@ -74,11 +77,11 @@ class PrepareSettings:
 
 def validate_ref(ref: ClaimRef) -> None:
     if not is_dns_label(ref.namespace):
-        raise ClaimError(f"invalid claim namespace {ref.namespace[:80]!r}")
+        raise ClaimError(f"invalid claim namespace {shown(ref.namespace)}")
     if not is_dns_subdomain(ref.name):
-        raise ClaimError(f"invalid claim name {ref.name[:80]!r}")
+        raise ClaimError(f"invalid claim name {shown(ref.name)}")
     if not is_uid(ref.uid):
-        raise ClaimError(f"invalid claim UID {ref.uid[:80]!r}")
+        raise ClaimError(f"invalid claim UID {shown(ref.uid)}")
 
 
 def strip_subrequest(request: str) -> str:
@@ -86,7 +89,7 @@ def strip_subrequest(request: str) -> str:
     return request.split("/", 1)[0]
 
 
-def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, pool: str) -> list[DeviceRecord]:
+def allocated_devices(claim: ResourceClaim, ref: ClaimRef, driver_name: str, pool: str) -> list[DeviceRecord]:
     """This driver's devices in this node's pool, from a claim object read from the API server."""
     meta = claim.get("metadata") or {}
     if meta.get("uid") != ref.uid:
@@ -107,7 +110,7 @@ def allocated_devices(claim: dict[str, Any], ref: ClaimRef, driver_name: str, po
                 f"not this node's pool {pool!r}"
             )
         key = (r["pool"], r["device"], r.get("shareID"))
-        names = (strip_subrequest(r["request"]),)
+        names: tuple[str, ...] = (strip_subrequest(r["request"]),)
         admin = bool(r.get("adminAccess", False))
         old = by_device.get(key)
         if old is not None:  # one device serving several requests; any ordinary one makes it ordinary

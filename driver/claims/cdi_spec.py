@@ -57,7 +57,7 @@ lowest common ancestor: behind the same switch beats a switch of switches beats 
 complex), else on the same NUMA node, else any; among equals the NIC serving the fewest GPUs so
 far, then the lowest PCI address; so the answer is deterministic and one NIC may serve several
 GPUs. `NCCL_IB_HCA` then lists NICs in order of first use by GPU 0, 1, ... Which rule paired each
-GPU (`PAIR_RULES`) goes into the GPU's device metadata (`pairedBy`, with `pairedRdmaDevice`).
+GPU (`driver.claims.vocabulary.PairRule`) goes into the GPU's device metadata (`pairedBy`, with `pairedRdmaDevice`).
 
 These three variables describe the devices of **all the claims prepared together** (`pod_devices`:
 the kubelet sends a pod's unprepared claims of one driver in one NodePrepareResources call), and
@@ -82,8 +82,10 @@ import cdi
 from driver.claims.device_nodes import DeviceNodeError, DeviceNodes
 from driver.claims.nic.setup import needs_setup, setup_hook
 from driver.claims.opaque_config import RequestConfig
+from driver.claims.vocabulary import PairRule
 from driver.discovery.pcie import PCIE_SWITCH, shared_nodes
 from driver.discovery.pcie import distance as pcie_distance
+from driver.errors import InvalidInput
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, attribute_to_api
 from driver.node.driver_root import DriverFiles
 
@@ -102,7 +104,7 @@ _GPU_KINDS = (DeviceKind.GPU, DeviceKind.MIG)
 _ENV_UNSAFE = re.compile(r"[^A-Z0-9_]")
 
 
-class ClaimSpecError(ValueError):
+class ClaimSpecError(InvalidInput):
     """The claim's devices cannot be described as one consistent CDI spec; fails the claim."""
 
 
@@ -211,10 +213,6 @@ def _numa(d: Device) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-# What brought a GPU and its NIC together, nearest first (the `pairedBy` of the device metadata):
-# the same PCIe switch; a bridge below the root complex (a switch of switches); the same root
-# complex; the same NUMA node; nothing.
-PAIR_RULES = (PCIE_SWITCH, "pcieBridge", "pcieRoot", "numaNode", "none")
 _FAR = 1 << 16  # a PCIe distance beyond any real one: paths unknown, or below different roots
 
 
@@ -225,25 +223,25 @@ class Pair:
     ordinal: int
     gpu: Device
     nic: Device
-    rule: str
+    rule: PairRule
 
 
-def _proximity(gpu: Device, nic: Device) -> tuple[int, str]:
+def _proximity(gpu: Device, nic: Device) -> tuple[int, PairRule]:
     """(PCIe distance in links, the rule that names it) of a GPU-NIC pair (`driver.discovery.pcie`).
     Without paths (a device discovered without its sysfs link) equal roots still count."""
     hops = pcie_distance(gpu.pcie_path, nic.pcie_path)
     switch = gpu.attributes.get(PCIE_SWITCH)
     if hops is not None and switch is not None and switch == nic.attributes.get(PCIE_SWITCH):
-        return (hops, PCIE_SWITCH)
+        return (hops, PairRule.PCIE_SWITCH)
     if hops is not None and shared_nodes(gpu.pcie_path, nic.pcie_path) > 1:
-        return (hops, "pcieBridge")
+        return (hops, PairRule.PCIE_BRIDGE)
     if hops is not None:
-        return (hops, "pcieRoot")
+        return (hops, PairRule.PCIE_ROOT)
     root = gpu.attributes.get(PCIE_ROOT)
     if root is not None and root == nic.attributes.get(PCIE_ROOT):
-        return (_FAR - 1, "pcieRoot")
+        return (_FAR - 1, PairRule.PCIE_ROOT)
     numa = _numa(gpu)
-    return (_FAR, "numaNode") if numa is not None and numa == _numa(nic) else (_FAR + 1, "none")
+    return (_FAR, PairRule.NUMA_NODE) if numa is not None and numa == _numa(nic) else (_FAR + 1, PairRule.NONE)
 
 
 def _gpu_order(d: Device) -> tuple[str, int, int, int]:
@@ -335,7 +333,7 @@ def _net_devices(planned: Sequence[PlannedDevice]) -> dict[int, cdi.NetDevice]:
     names: dict[str, str] = {}
     for i, p in enumerate(planned):
         nic = p.device.nic
-        if p.device.kind != DeviceKind.NIC or nic is None or p.config.nic.mode != "exclusive":
+        if p.device.kind != DeviceKind.NIC or nic is None or not p.config.nic.exclusive:
             continue
         if not nic.ifname or not nic.present:
             raise ClaimSpecError(f"NIC {p.device.name!r} has no network interface on the host to move into the pod")

@@ -2,8 +2,9 @@
 
 The kubelet may send Unprepare to a different process than the one that prepared (restart,
 rolling update) and does not resend the claim, so everything unprepare needs lives here. The
-file is versioned and read leniently: a newer field never breaks an older reader, and a corrupt
-file is moved aside with an error instead of crash-looping the daemon.
+file is versioned as every state file is (`driver.fsutil`): a field a newer release added never
+breaks this reader, and is kept on rewrite (`ClaimRecord.extra`); a file of a newer format
+version, like a corrupt one, is moved aside with an error instead of crash-looping the daemon.
 
 A file moved aside (or missing) loses the record of claims that may still be prepared: the
 checkpoint is then `incomplete`, and says so in the file (so the other instance of a rolling
@@ -21,24 +22,24 @@ import logging
 import os
 import re
 import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from cdi import atomic_write
+from driver.claims.vocabulary import PrepareState, Sharing, TimeSliceInterval, member_of
 from driver.config import is_uid
-from driver.fsutil import PREPARED_STATE_DURABLE, locked
+from driver.fsutil import PREPARED_STATE_DURABLE, Upgrade, locked, parse_state, set_aside, unchanged
+from driver.kube.types import NetworkDeviceData
 from driver.model import MigPlacement
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+UPGRADES: Mapping[int, Upgrade] = {0: unchanged}  # a file without a version has version 1's layout
 # An instance ID as `InstanceLock` users make them (`<pod UID>-<8 hex digits>`): one plain file name.
 _INSTANCE_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,127}")
-STATE_STARTED = "PrepareStarted"
-STATE_COMPLETED = "PrepareCompleted"
 
 
 @dataclass(frozen=True)
@@ -51,18 +52,18 @@ class DeviceRecord:
     admin_access: bool = False
     # What the claim status and metadata say about a NIC, so a later address change can be
     # told apart and written again; `exclusive` NICs live in the pod and cannot be followed.
-    network_data: dict[str, Any] | None = field(default=None, hash=False)
+    network_data: NetworkDeviceData | None = field(default=None, hash=False)
     exclusive: bool = False
     # Dynamic MIG: the GPU instance this device is made as. Recorded before it is made and removed
     # only after it is destroyed, so a crash at any step leaves a record of what may exist.
     mig: MigPlacement | None = None
     # Consumable capacity: what this share consumed (the allocation's consumedCapacity), and how
-    # the GPU is shared ("MPS": its control daemon runs while a record says so, `driver.claims.gpu.mps`).
+    # the GPU is shared (MPS: its control daemon runs while a record says so, `driver.claims.gpu.mps`).
     consumed: dict[str, str] = field(default_factory=dict, hash=False)
-    sharing: str = ""
+    sharing: Sharing | None = None
     # TimeSlicing: the GPU's time-slice interval this claim set (`driver.claims.gpu.time_slices`), recorded
     # before it is applied.
-    time_slice: str = ""
+    time_slice: TimeSliceInterval | None = None
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> DeviceRecord:
@@ -75,14 +76,16 @@ class DeviceRecord:
             cdi_device_ids=tuple(raw.get("cdiDeviceIDs", ())),
             share_id=raw.get("shareID"),
             admin_access=bool(raw.get("adminAccess", False)),
-            network_data=dict(nd) if isinstance(nd, dict) else None,
+            network_data=cast(NetworkDeviceData, dict(nd)) if isinstance(nd, dict) else None,
             exclusive=bool(raw.get("exclusive", False)),
             mig=MigPlacement(str(mig["parentUUID"]), int(mig["profileID"]), int(mig["start"]), int(mig["size"]))
             if isinstance(mig, dict)
             else None,
             consumed={str(k): str(v) for k, v in (raw.get("consumedCapacity") or {}).items()},
-            sharing=str(raw.get("sharing", "")),
-            time_slice=str(raw.get("timeSliceInterval", "")),
+            sharing=member_of(Sharing, str(raw["sharing"]), "sharing") if raw.get("sharing") else None,
+            time_slice=member_of(TimeSliceInterval, str(raw["timeSliceInterval"]), "timeSliceInterval")
+            if raw.get("timeSliceInterval")
+            else None,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -119,7 +122,7 @@ class ClaimRecord:
     namespace: str
     name: str
     uid: str
-    state: str = STATE_COMPLETED
+    state: PrepareState = PrepareState.COMPLETED
     devices: tuple[DeviceRecord, ...] = ()
     # The driver instance that wrote a PrepareStarted record: only that instance may be mid-prepare.
     owner: str = ""
@@ -133,7 +136,7 @@ class ClaimRecord:
             namespace=str(raw["namespace"]),
             name=str(raw["name"]),
             uid=uid,
-            state=str(raw.get("state", STATE_COMPLETED)),
+            state=member_of(PrepareState, str(raw.get("state", PrepareState.COMPLETED)), "state"),
             devices=tuple(DeviceRecord.from_json(d) for d in raw.get("devices", ())),
             owner=str(raw.get("owner", "")),
             extra={k: v for k, v in raw.items() if k not in known},
@@ -212,11 +215,9 @@ class Checkpoint:
 
     def _parse(self) -> dict[str, ClaimRecord]:
         try:
-            raw = json.loads(self.path.read_bytes())
-            if not isinstance(raw, dict) or not isinstance(raw.get("claims", {}), dict):
-                raise ValueError("top level is not an object with a 'claims' object")
-            if int(raw.get("version", 0)) > FORMAT_VERSION:
-                log.warning("checkpoint written by a newer driver (format %s); reading known fields", raw["version"])
+            raw = parse_state(self.path.read_bytes(), FORMAT_VERSION, UPGRADES)
+            if not isinstance(raw.get("claims", {}), dict):
+                raise ValueError("top level has no 'claims' object")
             if self._boot_id and raw.get("bootID") not in (None, "", self._boot_id):
                 log.warning(
                     "checkpoint is from an earlier boot; its %d claims are no longer prepared",
@@ -235,15 +236,12 @@ class Checkpoint:
         except FileNotFoundError:
             self._incomplete = True
             return {}
-        except Exception as e:  # any shape we cannot read: never a reason to crash-loop
-            aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")
-            os.replace(self.path, aside)
-            log.error(
-                "checkpoint %s is unreadable (%s); moved aside to %s; the prepared claims are rebuilt "
-                "at the next start-up from the files on disk and the API server",
+        except Exception as e:  # any shape or version we cannot read: never a reason to crash-loop
+            set_aside(
                 self.path,
+                "checkpoint",
                 e,
-                aside,
+                "the prepared claims are rebuilt at the next start-up from the files on disk and the API server",
             )
             self._incomplete = True
             return {}

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cdi
+from driver.errors import NodeError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ TMP_SUFFIX = ".tandem-new"  # `.<node>.tandem-new`: a node being made, renamed o
 _LOCK = threading.Lock()
 
 
-class DeviceNodeError(ValueError):
+class DeviceNodeError(NodeError):
     """A node the claim needs is missing and cannot be made here; the message names it and says why."""
 
 

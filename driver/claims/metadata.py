@@ -41,8 +41,11 @@ from typing import Any
 import cdi
 from cdi import atomic_write, is_dns_label
 from driver.config import is_uid
+from driver.errors import NodeError
 from driver.fsutil import PREPARED_STATE_DURABLE
+from driver.kube.types import NetworkDeviceData
 from driver.model import Device, attribute_to_api
+from driver.untrusted import shown
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +62,7 @@ FILE_MODE = 0o644
 MAX_FILE_BYTES = 4 * 1024 * 1024
 
 
-class MetadataError(Exception):
+class MetadataError(NodeError):
     """Metadata cannot be written or updated for this claim; the message names what and why."""
 
 
@@ -68,11 +71,11 @@ class MetadataDevice:
     request: str  # request reference as allocated (may be "req/sub")
     pool: str
     name: str
-    attributes: dict[str, dict]  # API JSON form, e.g. {"type": {"string": "gpu"}}
-    network_data: dict | None = None  # {"interfaceName":..., "ips": [...], "hardwareAddress": ...}
+    attributes: dict[str, dict[str, Any]]  # API JSON form, e.g. {"type": {"string": "gpu"}}
+    network_data: NetworkDeviceData | None = None
 
 
-def attributes_json(device: Device) -> dict[str, dict]:
+def attributes_json(device: Device) -> dict[str, dict[str, Any]]:
     """The device's attributes as the ResourceSlice publishes them, so a container reads the same values."""
     return {k: attribute_to_api(v) for k, v in sorted(device.attributes.items())}
 
@@ -100,13 +103,13 @@ def assign_metadata_ids(request_names: Sequence[Sequence[str]], metadata_ids: Ma
 def _component(value: str, what: str) -> str:
     """One path component from claim data: never empty, `.`/`..`, or containing `/` or NUL."""
     if not value or value in (".", "..") or "/" in value or "\0" in value:
-        raise MetadataError(f"invalid {what} {value[:80]!r} for a metadata path")
+        raise MetadataError(f"invalid {what} {shown(value)} for a metadata path")
     return value
 
 
 def _dns_label(value: str, what: str) -> str:
     if not is_dns_label(value):
-        raise MetadataError(f"invalid {what} {value[:80]!r}: expected a DNS label")
+        raise MetadataError(f"invalid {what} {shown(value)}: expected a DNS label")
     return value
 
 
@@ -251,7 +254,9 @@ class MetadataWriter:
         for request in groups:
             base = _dns_label(base_request(request), "request name")
             if base in by_base:
-                raise MetadataError(f"requests {by_base[base]!r} and {request!r} share the base request {base!r}")
+                raise MetadataError(
+                    f"requests {shown(by_base[base])} and {shown(request)} share the base request {shown(base)}"
+                )
             by_base[base] = request
         paths = {  # every path checked before the first file is written
             request: (
@@ -323,7 +328,7 @@ class MetadataWriter:
         path = self.host_file(uid, request)
         existing = self._read(path)
         if existing is None:
-            raise MetadataError(f"request {request!r} not found in prepared claim {namespace}/{name}")
+            raise MetadataError(f"request {shown(request)} not found in prepared claim {namespace}/{name}")
         meta = existing["metadata"]
         if meta.get("uid") != uid:
             raise MetadataError(f"metadata of {namespace}/{name} belongs to claim UID {meta.get('uid')!r}, not {uid!r}")

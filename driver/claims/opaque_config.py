@@ -18,25 +18,29 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
+from driver.claims.vocabulary import NicMode, Sharing, TimeSliceInterval, member_of
+from driver.errors import InvalidInput
+from driver.kube.types import AllocationResult
+from driver.resource_api import MAX_OPAQUE_PARAMETERS
+from driver.untrusted import shown
+
 API_VERSION = "tandem.dev/v1alpha1"
-NIC_MODES = ("shared", "exclusive")
-# How the processes of a claim's pods share a GPU (`driver.claims.gpu.sharing`); "" = not at all.
-SHARING_MPS = "MPS"
-SHARING_TIME_SLICING = "TimeSlicing"
-GPU_SHARING = (SHARING_MPS, SHARING_TIME_SLICING)
-# TimeSlicing's interval, NVIDIA's names for `nvidia-smi compute-policy --set-timeslice` 0..3.
-TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 # Linux interface names: at most 15 bytes, no '/', no whitespace, not "." or "..". Used with
 # fullmatch: `$` would also accept a trailing newline.
 _IFNAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.:-]{0,14}")
+# Characters of an address, network or gateway: the longest of any use (IPv6 with a prefix
+# length) has 49. Longer text is refused before `ipaddress`, whose errors repeat it whole.
+_MAX_ADDRESS_TEXT = 64
 
 
-class ConfigDecodeError(ValueError):
+class ConfigDecodeError(InvalidInput):
     pass
 
 
@@ -44,10 +48,10 @@ class ConfigDecodeError(ValueError):
 class GpuConfig:
     # Export per-GPU NIC pairing (NCCL_IB_HCA order etc.) when the claims prepared with it hold NICs.
     pair_nics: bool = True
-    # MPS or TimeSlicing (GPU_SHARING); "" = the claim must hold the whole GPU (driver.claims.gpu.sharing).
-    sharing: str = ""
-    # TimeSlicing only: the GPU's time slice (TIME_SLICE_INTERVALS); "" = Default.
-    time_slice_interval: str = ""
+    # MPS or TimeSlicing; None = the claim must hold the whole GPU (driver.claims.gpu.sharing).
+    sharing: Sharing | None = None
+    # TimeSlicing only: the GPU's time slice; None = Default.
+    time_slice_interval: TimeSliceInterval | None = None
 
 
 @dataclass(frozen=True)
@@ -60,9 +64,7 @@ class Route:
 
 @dataclass(frozen=True)
 class NicConfig:
-    # shared: the netdev stays in the host namespace, the pod gets the RDMA char devices.
-    # exclusive: the netdev moves into the pod (CDI netDevices) under `interface_name`.
-    mode: str = "shared"
+    mode: NicMode = NicMode.SHARED
     interface_name: str = ""
     # Also expose umad/issm (management datagrams: needed by ibstat, subnet tools; not by NCCL).
     mad: bool = False
@@ -72,15 +74,20 @@ class NicConfig:
     routes: tuple[Route, ...] = ()
     mtu: int = 0
 
+    @property
+    def exclusive(self) -> bool:
+        return self.mode == NicMode.EXCLUSIVE
 
+
+# Field -> (attribute, JSON type); a StrEnum's field is a string, one of its members.
 _FIELDS: dict[str, dict[str, tuple[str, type]]] = {
     "GpuConfig": {
         "pairNics": ("pair_nics", bool),
-        "sharing": ("sharing", str),
-        "timeSliceInterval": ("time_slice_interval", str),
+        "sharing": ("sharing", Sharing),
+        "timeSliceInterval": ("time_slice_interval", TimeSliceInterval),
     },
     "NicConfig": {
-        "mode": ("mode", str),
+        "mode": ("mode", NicMode),
         "interfaceName": ("interface_name", str),
         "mad": ("mad", bool),
         "addresses": ("addresses", list),
@@ -103,9 +110,10 @@ FROM_CLASS = "FromClass"
 class OpaqueEntry:
     """One `config[]` entry of an allocation, already filtered to this driver."""
 
-    source: str  # FromClass | FromClaim
+    # FromClass | FromClaim; anything but FromClass counts as a claim's (`_CLASS_ONLY`).
+    source: str
     requests: tuple[str, ...]
-    parameters: dict[str, Any]
+    parameters: object  # any JSON; `_decode` takes only an object
     index: int
 
 
@@ -115,46 +123,61 @@ class RequestConfig:
     nic: NicConfig = field(default_factory=NicConfig)
 
 
+def _size(parameters: dict[str, Any]) -> int:
+    """Bytes of `parameters` as compact JSON, as the API server measures them; a nesting too
+    deep to serialise counts as too large."""
+    try:
+        text = json.dumps(parameters, separators=(",", ":"), ensure_ascii=False)
+    except (RecursionError, TypeError, ValueError):
+        return MAX_OPAQUE_PARAMETERS + 1
+    return len(text.encode(errors="surrogatepass"))
+
+
+def _got(value: object) -> str:
+    """What a field held, for an error message: a string shown (`driver.untrusted`), anything
+    else by its type alone."""
+    return shown(value) if isinstance(value, str) else f"a {type(value).__name__}"
+
+
 def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
     where = f"config[{entry.index}] ({entry.source})"
     p = entry.parameters
     if not isinstance(p, dict):
         raise ConfigDecodeError(f"{where}: parameters must be an object")
+    # Before anything of it is looked at: the API server holds parameters to this size, so more
+    # comes from a server that does not, and is refused without being repeated.
+    if (size := _size(p)) > MAX_OPAQUE_PARAMETERS:
+        raise ConfigDecodeError(f"{where}: parameters of {size} bytes, at most {MAX_OPAQUE_PARAMETERS}")
     if p.get("apiVersion") != API_VERSION:
-        raise ConfigDecodeError(f"{where}: apiVersion must be {API_VERSION!r}, got {p.get('apiVersion')!r}")
+        raise ConfigDecodeError(f"{where}: apiVersion must be {API_VERSION!r}, got {_got(p.get('apiVersion'))}")
     kind = p.get("kind")
     if kind not in _FIELDS:
-        raise ConfigDecodeError(f"{where}: kind must be one of {sorted(_FIELDS)}, got {kind!r}")
+        raise ConfigDecodeError(f"{where}: kind must be one of {sorted(_FIELDS)}, got {_got(kind)}")
     out: dict[str, Any] = {}
     for key, value in p.items():
         if key in ("apiVersion", "kind"):
             continue
         if key not in _FIELDS[kind]:
-            raise ConfigDecodeError(f"{where}: unknown field {kind}.{key}")
+            raise ConfigDecodeError(f"{where}: unknown {kind} field {shown(key)}")
         attr, typ = _FIELDS[kind][key]
-        if type(value) is not typ:
-            raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {typ.__name__}, got {type(value).__name__}")
+        json_type = str if issubclass(typ, StrEnum) else typ
+        if type(value) is not json_type:
+            raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {json_type.__name__}, got {type(value).__name__}")
         why = _CLASS_ONLY.get((kind, key))
         if why and entry.source != FROM_CLASS:
             raise ConfigDecodeError(
                 f"{where}: {kind}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
             )
+        if issubclass(typ, StrEnum):
+            try:
+                value = member_of(typ, str(value), f"{kind}.{key}")
+            except ValueError as e:
+                raise ConfigDecodeError(f"{where}: {e}") from None
         out[attr] = value
-    if kind == "GpuConfig" and "sharing" in out and out["sharing"] not in GPU_SHARING:
-        raise ConfigDecodeError(
-            f"{where}: GpuConfig.sharing must be one of {list(GPU_SHARING)}, got {out['sharing'][:40]!r}"
-        )
-    if kind == "GpuConfig" and "time_slice_interval" in out and out["time_slice_interval"] not in TIME_SLICE_INTERVALS:
-        raise ConfigDecodeError(
-            f"{where}: GpuConfig.timeSliceInterval must be one of {list(TIME_SLICE_INTERVALS)}, "
-            f"got {out['time_slice_interval'][:40]!r}"
-        )
     if kind == "NicConfig":
-        if "mode" in out and out["mode"] not in NIC_MODES:
-            raise ConfigDecodeError(f"{where}: NicConfig.mode must be one of {list(NIC_MODES)}, got {out['mode']!r}")
         if "interface_name" in out and not _IFNAME.fullmatch(out["interface_name"]):
             raise ConfigDecodeError(
-                f"{where}: NicConfig.interfaceName {out['interface_name'][:40]!r} is not a valid interface name"
+                f"{where}: NicConfig.interfaceName {shown(out['interface_name'])} is not a valid interface name"
             )
         out.update(_ip_settings(where, out))
     return kind, out
@@ -169,16 +192,19 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
     for i, text in enumerate(values.get("addresses", ())):
         field_ = f"{where}: NicConfig.addresses[{i}]"
         try:
-            address = ipaddress.ip_interface(text) if isinstance(text, str) else None
+            fits = isinstance(text, str) and len(text) <= _MAX_ADDRESS_TEXT
+            address = ipaddress.ip_interface(text) if fits else None
         except ValueError:
             address = None
         if address is None or "/" not in text:
-            raise ConfigDecodeError(f"{field_} {str(text)[:60]!r} is not an address with a prefix length (10.0.0.5/24)")
+            raise ConfigDecodeError(f"{field_} {_got(text)} is not an address with a prefix length (10.0.0.5/24)")
         ip = address.ip
         if ip.is_loopback or ip.is_multicast or ip.is_unspecified or ip.is_link_local:
-            raise ConfigDecodeError(f"{field_} {text!r} is a loopback, multicast, unspecified or link-local address")
+            raise ConfigDecodeError(
+                f"{field_} {shown(text)} is a loopback, multicast, unspecified or link-local address"
+            )
         if address in addresses:
-            raise ConfigDecodeError(f"{field_} {text!r} is given twice")
+            raise ConfigDecodeError(f"{field_} {shown(text)} is given twice")
         addresses.append(address)
     if len(addresses) > MAX_ADDRESSES:
         raise ConfigDecodeError(f"{where}: NicConfig.addresses has {len(addresses)} entries, at most {MAX_ADDRESSES}")
@@ -191,6 +217,8 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
             # ipaddress takes integers too: 0 would become 0.0.0.0/32, true the gateway 0.0.0.1.
             if not isinstance(value, str):
                 raise ConfigDecodeError(f"{field_}.{key} must be a string, got {type(value).__name__}")
+            if len(value) > _MAX_ADDRESS_TEXT:
+                raise ConfigDecodeError(f"{field_}.{key} {shown(value)} is too long for an address or network")
         try:
             destination = ipaddress.ip_network(raw["destination"], strict=True)
             via = ipaddress.ip_address(raw["via"]) if "via" in raw else None
@@ -232,22 +260,22 @@ def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
             cfg.gpu = dataclasses.replace(cfg.gpu, **values)
         else:
             cfg.nic = dataclasses.replace(cfg.nic, **values)
-    if cfg.nic.mode == "exclusive" and not cfg.nic.interface_name:
-        raise ConfigDecodeError(f"request {request!r}: NicConfig.mode exclusive needs interfaceName")
-    if cfg.nic.mode != "exclusive" and (cfg.nic.addresses or cfg.nic.routes or cfg.nic.mtu):
+    if cfg.nic.exclusive and not cfg.nic.interface_name:
+        raise ConfigDecodeError(f"request {shown(request)}: NicConfig.mode exclusive needs interfaceName")
+    if not cfg.nic.exclusive and (cfg.nic.addresses or cfg.nic.routes or cfg.nic.mtu):
         raise ConfigDecodeError(
-            f"request {request!r}: NicConfig.{'/'.join(_IP_SETTINGS)} apply to mode exclusive only: in shared mode "
+            f"request {shown(request)}: NicConfig.{'/'.join(_IP_SETTINGS)} apply to mode exclusive only: in shared mode "
             "the netdev stays the host's"
         )
     return cfg
 
 
-def opaque_entries(allocation: dict[str, Any], driver_name: str) -> list[OpaqueEntry]:
+def opaque_entries(allocation: AllocationResult, driver_name: str) -> list[OpaqueEntry]:
     """This driver's opaque configs of an allocation (other drivers' are none of our business)."""
     out = []
     for i, c in enumerate((allocation.get("devices") or {}).get("config") or []):
-        opaque = c.get("opaque") or {}
-        if opaque.get("driver") != driver_name:
+        opaque = c.get("opaque")
+        if opaque is None or opaque.get("driver") != driver_name:
             continue
         out.append(OpaqueEntry(c.get("source", ""), tuple(c.get("requests") or ()), opaque.get("parameters"), i))
     return out

@@ -48,7 +48,7 @@ from driver.claims.allocation import (
     validate_ref,
 )
 from driver.claims.cdi_spec import ClaimSpecError, PlannedDevice, claim_spec, pairing_metadata, pod_pairs
-from driver.claims.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
+from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 from driver.claims.device_nodes import DeviceNodes
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigError, MigPartitions, with_placements
@@ -58,6 +58,8 @@ from driver.claims.nic.homes import NicHomes
 from driver.claims.nic.modes import check_nic_modes
 from driver.claims.opaque_config import ConfigDecodeError, opaque_entries, resolve
 from driver.claims.status import current_devices, network_data, status_entries
+from driver.claims.vocabulary import PrepareState
+from driver.kube.types import ResourceClaim
 from driver.logs import log_context
 from driver.model import Device
 from driver.node.driver_root import DriverFiles
@@ -77,7 +79,7 @@ class _Planned:
     """A claim read and planned, to be prepared together with the other claims of its call."""
 
     ref: ClaimRef
-    claim: dict[str, Any]
+    claim: ResourceClaim
     records: list[DeviceRecord]
     planned: list[PlannedDevice]
     ctx: dict[str, str]
@@ -195,7 +197,7 @@ class Preparer:
             except Exception as e:
                 return _failed(p.ref, p.ctx, e)
 
-    def _plan(self, claim: dict[str, Any], records: list[DeviceRecord]) -> list[PlannedDevice]:
+    def _plan(self, claim: ResourceClaim, records: list[DeviceRecord]) -> list[PlannedDevice]:
         entries = opaque_entries(claim["status"]["allocation"], self._s.driver_name)
         planned = []
         for r in records:
@@ -227,12 +229,13 @@ class Preparer:
         node as it was rolls phase 1 back: a record naming nothing made must not outlive the call
         (unprepare would destroy whatever is at those placements, someone else's included)."""
         try:
-            devices = self._partitions.realise([d.device for d in p.planned], adopt=retry)
+            planned = [d.device for d in p.planned]
+            devices = self._partitions.realise(planned, p.ref.uid, retry, lambda: p.ref.uid in self._checkpoint.read())
         except MigError as e:
             if e.nothing_left:
                 with self._checkpoint.transaction() as claims:
                     mine = claims.get(p.ref.uid)
-                    if mine is not None and mine.state == STATE_STARTED and mine.owner == self._instance.instance_id:
+                    if mine and mine.state == PrepareState.STARTED and mine.owner == self._instance.instance_id:
                         del claims[p.ref.uid]
             raise ClaimError(f"claim {p.ref.namespace}/{p.ref.name}: {e}") from e
         return [dataclasses.replace(d, device=m) for d, m in zip(p.planned, devices, strict=True)]
@@ -246,7 +249,7 @@ class Preparer:
         with self._checkpoint.transaction() as claims:
             existing = claims.get(ref.uid)
             retry = existing is not None
-            if existing is not None and existing.state == STATE_COMPLETED:
+            if existing is not None and existing.state == PrepareState.COMPLETED:
                 completed = existing
             else:
                 completed = None
@@ -258,7 +261,7 @@ class Preparer:
                     namespace=ref.namespace,
                     name=ref.name,
                     uid=ref.uid,
-                    state=STATE_STARTED,
+                    state=PrepareState.STARTED,
                     devices=tuple(records),
                     owner=self._instance.instance_id,
                 )
@@ -270,14 +273,14 @@ class Preparer:
             # with other claims than before (a retry after one of them failed): it follows them.
             if self._files.write_spec(ref.uid, spec):
                 with self._checkpoint.transaction() as claims:
-                    self._check_still_prepared(p, claims, STATE_COMPLETED)
+                    self._check_still_prepared(p, claims, PrepareState.COMPLETED)
             return PrepareResult(devices=completed.devices)
         # Phase 2: idempotent side effects (files are rewritten whole, status is an apply), the
         # files written while the server applies (module docstring). Also for a claim prepared
         # before whose spec an unprepare that failed afterwards took away (unprepare removes the
         # spec first): its files and status come back, so that every ID of the answer resolves.
         if self._nic_homes is not None:
-            self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.mode == "exclusive")
+            self._nic_homes.remember(d.device for d in p.planned if d.device.nic and d.config.nic.exclusive)
         networked = _with_network_data(tuple(records), p.planned)  # the status's and the record's
         status = status_entries(self._s, networked, rfc3339(), current_devices(p.claim))
         applying = self._api.send_claim_status(
@@ -293,13 +296,13 @@ class Preparer:
         applying.result()
         done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
-            self._check_still_prepared(p, claims, STATE_STARTED if completed is None else STATE_COMPLETED)
+            self._check_still_prepared(p, claims, PrepareState.STARTED if completed is None else PrepareState.COMPLETED)
             claims[ref.uid] = ClaimRecord(
-                namespace=ref.namespace, name=ref.name, uid=ref.uid, state=STATE_COMPLETED, devices=done
+                namespace=ref.namespace, name=ref.name, uid=ref.uid, state=PrepareState.COMPLETED, devices=done
             )
         return PrepareResult(devices=done)
 
-    def _check_still_prepared(self, p: _Planned, claims: dict[str, ClaimRecord], state: str) -> None:
+    def _check_still_prepared(self, p: _Planned, claims: dict[str, ClaimRecord], state: PrepareState) -> None:
         """After writing files: the record must still be the one this call wrote (or found). The
         other instance of a rolling update may have acted on the claim meanwhile (the kubelet
         turned to it when this call took too long). If it unprepared the claim, the kubelet no
@@ -307,7 +310,7 @@ class Preparer:
         checkpoint lock, before any new prepare of the claim can begin). If it prepared the
         claim, the files are the same and now its own: they stay, and its answer counts."""
         ref, mine = p.ref, claims.get(p.ref.uid)
-        ours = mine is not None and (state == STATE_COMPLETED or mine.owner == self._instance.instance_id)
+        ours = mine is not None and (state == PrepareState.COMPLETED or mine.owner == self._instance.instance_id)
         if mine is not None and mine.state == state and ours:
             return
         if mine is not None:
@@ -324,7 +327,7 @@ class Preparer:
     def _write_metadata(
         self,
         ref: ClaimRef,
-        claim: dict[str, Any],
+        claim: ResourceClaim,
         planned: list[PlannedDevice],
         ctx: dict[str, str],
         pod_devices: list[PlannedDevice],
@@ -389,11 +392,11 @@ class Preparer:
                     self._files.remove(ref.uid)
                 finally:
                     _cleared(clearing, ctx)
+                # Before the record goes (a crash here is retried); also what the MIG note gives it.
+                self._partitions.destroy(ref.uid, [d.mig for d in record.devices if d.mig] if record else [])
                 if record is None:
                     log.info("claim has no record here: only its files and status, if any, were removed", extra=ctx)
                     return ""
-                for placement in (d.mig for d in record.devices if d.mig is not None):
-                    self._partitions.destroy(placement)  # before the record goes: a crash here is retried
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
                 if any(d.sharing for d in record.devices):
@@ -441,7 +444,7 @@ def _with_network_data(records: tuple[DeviceRecord, ...], planned: list[PlannedD
     out = []
     for r in records:
         p = by_device[(r.device, r.share_id)]
-        out.append(dataclasses.replace(r, network_data=network_data(p), exclusive=p.config.nic.mode == "exclusive"))
+        out.append(dataclasses.replace(r, network_data=network_data(p), exclusive=p.config.nic.exclusive))
     return tuple(out)
 
 

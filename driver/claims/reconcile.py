@@ -6,7 +6,8 @@ after the files went (dynamic MIG: the MIG devices go too, `driver.claims.gpu.mi
 the files no record accounts for. After the checkpoint was lost (`Checkpoint.incomplete`: found unreadable or
 missing), files without a record may belong to claims that pods still use, whose containers need
 them on every (re)start: they count as unused only once the API server says so, and the claims
-still in use get their records back by being prepared again.
+still in use get their records back by being prepared again. Once every record is back, the GPU
+instances Tandem made for claims no record names are destroyed (`MigPartitions.collect`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ import logging
 from collections.abc import Callable, Sequence
 
 from driver.claims.allocation import ClaimAPI, ClaimError, ClaimRef, PrepareSettings, allocated_devices, validate_ref
-from driver.claims.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, InstanceLock
+from driver.claims.checkpoint import Checkpoint, ClaimRecord, InstanceLock
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigError, MigPartitions
 from driver.claims.prepare import PrepareResult
+from driver.claims.vocabulary import PrepareState
 from driver.kube.api import NotFound
 
 log = logging.getLogger(__name__)
@@ -51,7 +53,7 @@ class Reconciler:
         with self._checkpoint.transaction() as claims:
             specs = self._files.spec_uids()
             for uid, record in list(claims.items()):
-                if record.state == STATE_STARTED and not self._instance.is_alive(record.owner):
+                if record.state == PrepareState.STARTED and not self._instance.is_alive(record.owner):
                     log.warning(
                         "rolling back prepare of claim %s/%s interrupted by a crash",
                         record.namespace,
@@ -61,7 +63,7 @@ class Reconciler:
                     self._files.remove(uid)
                     if self._destroy_partitions(record):
                         del claims[uid]
-                elif record.state == STATE_COMPLETED and uid not in specs and any(d.mig for d in record.devices):
+                elif record.state == PrepareState.COMPLETED and uid not in specs and any(d.mig for d in record.devices):
                     # Unprepare removes the files first: its MIG devices are finished off now.
                     log.warning("finishing an unprepare of claim %s/%s interrupted by a crash", record.namespace,
                                 record.name, extra={**_CTX, "claim": uid})  # fmt: skip
@@ -75,13 +77,14 @@ class Reconciler:
                 self._files.remove(uid)
         if self._checkpoint.incomplete:
             self._recover(unverified)
+        if not self._checkpoint.incomplete:  # every claim in use has its record again
+            self._partitions.collect(set(self._checkpoint.read()), self._instance.is_alive)
 
     def _destroy_partitions(self, record: ClaimRecord) -> bool:
         """Destroy the MIG devices the record says were (maybe) made; False, with the record kept
         for the next start or the kubelet's next call, when NVML refuses."""
         try:
-            for placement in (d.mig for d in record.devices if d.mig is not None):
-                self._partitions.destroy(placement)
+            self._partitions.destroy(record.uid, [d.mig for d in record.devices if d.mig is not None])
         except MigError as e:
             log.error("claim %s/%s: %s; its record is kept", record.namespace, record.name, e,
                       extra={**_CTX, "claim": record.uid})  # fmt: skip

@@ -15,10 +15,11 @@ from collections.abc import Callable
 from driver.backoff import Backoff, Retry
 from driver.claims.allocation import ClaimAPI, ClaimLocks, PrepareSettings
 from driver.claims.cdi_spec import PlannedDevice
-from driver.claims.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord
+from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 from driver.claims.metadata import MetadataDevice, MetadataError, MetadataWriter, attributes_json
 from driver.claims.opaque_config import RequestConfig
 from driver.claims.status import current_devices, network_data, status_entries
+from driver.claims.vocabulary import PrepareState
 from driver.kube.api import ApiError, NotFound
 from driver.logs import log_context
 from driver.model import Device
@@ -28,10 +29,11 @@ log = logging.getLogger(__name__)
 
 # A claim whose refresh failed for a reason that may pass (the API server unreachable or
 # overloaded, a write in between) is tried again, a few times: passes run on inventory changes
-# only, and the NIC may not change again for days. Briefly (about 3.5 s in all): the daemon's
-# stop waits 5 s for a pass to end.
+# only, and the NIC may not change again for days. Briefly: the waits of one pass, a server's
+# Retry-After included, end within RETRY_WAIT seconds, as the daemon's stop waits 5 s for a pass.
 RETRIES = 3
 RETRY_BACKOFF = Backoff(initial=0.5, maximum=2.0)
+RETRY_WAIT = 4.0
 
 
 class NetworkDataRefresh:
@@ -63,35 +65,41 @@ class NetworkDataRefresh:
         Pods read their NIC's addresses from these; a DHCP renewal or a renumbered fabric must not
         leave them stale until the pod restarts. Exclusive NICs live in the pod: not followed.
         A claim that fails is logged and leaves the others to be updated; one whose failure may
-        pass is tried again after a backoff, RETRIES times at most.
+        pass is tried again after a backoff (or the longer wait the server asked for), RETRIES
+        times at most and within RETRY_WAIT seconds of waiting.
         """
         updated = 0
         retry = Retry(RETRY_BACKOFF)
+        waited = 0.0
         pending = list(self._checkpoint.read())
         while True:
             failed = []
+            asked = 0.0
             for uid in pending:
                 with log_context(claim=uid, op="refresh"):
                     try:
                         updated += self._refresh(uid)
                     except ApiError as e:
-                        again = e.retryable and retry.attempt < RETRIES
+                        again = e.retryable and retry.attempt < RETRIES and waited < RETRY_WAIT
                         if again:
                             failed.append(uid)
+                            asked = max(asked, e.retry_after)
                         then = "will retry" if again else "left stale until the NIC changes again"
                         log.warning("updating the claim's network data failed (%s): %s", then, e)
                     except Exception:
                         log.exception("updating the claim's network data failed")
             if not failed:
                 return updated
-            self._wait(retry.next())
+            delay = min(retry.next(asked), RETRY_WAIT - waited)
+            self._wait(delay)
+            waited += delay
             pending = failed
 
     def _refresh(self, uid: str) -> bool:
         """Update one claim, if its NICs changed; whether it was."""
         with self._locks.hold(uid):
             record = self._checkpoint.read().get(uid)
-            if record is None or record.state != STATE_COMPLETED:
+            if record is None or record.state != PrepareState.COMPLETED:
                 return False
             fresh = tuple(self._fresh_network_data(d) for d in record.devices)
             if fresh == record.devices:

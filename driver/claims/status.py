@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import ipaddress
 from collections.abc import Sequence
-from typing import Any
 
 from driver.claims.allocation import PrepareSettings
 from driver.claims.cdi_spec import PlannedDevice
 from driver.claims.checkpoint import DeviceRecord
+from driver.kube.types import AllocatedDeviceStatus, NetworkDeviceData, ResourceClaim
 from driver.resource_api import MAX_NETWORK_IPS
 
 
@@ -24,13 +24,13 @@ def canonical_cidr(address: str) -> str:
     return ipaddress.ip_interface(address).compressed
 
 
-def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
+def network_data(planned: PlannedDevice) -> NetworkDeviceData | None:
     """What the pod will see of a NIC: its in-pod name in exclusive mode, the host name otherwise."""
     nic = planned.device.nic
     if nic is None:
         return None
-    exclusive = planned.config.nic.mode == "exclusive"
-    out: dict[str, Any] = {"interfaceName": planned.config.nic.interface_name if exclusive else nic.ifname}
+    exclusive = planned.config.nic.exclusive
+    out: NetworkDeviceData = {"interfaceName": planned.config.nic.interface_name if exclusive else nic.ifname}
     if nic.mac:
         out["hardwareAddress"] = nic.mac
     # In exclusive mode the claim's own addresses, if it sets any, replace the host's in the pod.
@@ -42,13 +42,13 @@ def network_data(planned: PlannedDevice) -> dict[str, Any] | None:
 
 
 def status_entries(
-    settings: PrepareSettings, records: Sequence[DeviceRecord], now: str, current: Sequence[dict[str, Any]]
-) -> list[dict[str, Any]]:
+    settings: PrepareSettings, records: Sequence[DeviceRecord], now: str, current: Sequence[AllocatedDeviceStatus]
+) -> list[AllocatedDeviceStatus]:
     """Our entries for `records`; `current` is the claim's `status.devices` as last read."""
     ready_since = _ready_since(settings, current)
     out = []
     for r in records:
-        entry: dict[str, Any] = {
+        entry: AllocatedDeviceStatus = {
             "driver": settings.driver_name,
             "pool": settings.pool,
             "device": r.device,
@@ -79,7 +79,9 @@ _EXCLUSIVE_NOTE = (
 )
 
 
-def _ready_since(settings: PrepareSettings, current: Sequence[dict[str, Any]]) -> dict[tuple[Any, Any], str]:
+def _ready_since(
+    settings: PrepareSettings, current: Sequence[AllocatedDeviceStatus]
+) -> dict[tuple[str, str | None], str]:
     """(device, share ID) -> when our Ready condition of that device became True."""
     out = {}
     for entry in current:
@@ -92,6 +94,6 @@ def _ready_since(settings: PrepareSettings, current: Sequence[dict[str, Any]]) -
     return out
 
 
-def current_devices(claim: dict[str, Any]) -> list[dict[str, Any]]:
+def current_devices(claim: ResourceClaim) -> list[AllocatedDeviceStatus]:
     """A claim object's `status.devices` (every driver's entries)."""
     return list((claim.get("status") or {}).get("devices") or [])

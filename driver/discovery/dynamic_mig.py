@@ -4,22 +4,27 @@ For a GPU the administrator put in MIG mode and named in `--dynamic-mig`, Tandem
 (docs/reference/resource-api.md, 'Counters and partitionable devices'; KEP-4815's MIG example):
 
 * one counter set per GPU, `gpu-<minor>-counters`: a counter per memory slice
-  (`memory-slice-<i>`, 1 each), the GPU's compute slices (`compute-slices`) and its OFA engine
-  (`ofa-engines`, the unit only one "+me" media-extension instance may hold);
+  (`memory-slice-<i>`, 1 each), the GPU's compute slices (`compute-slices`) and each kind of media
+  engine that the compute slices do not already ration (`engine_counters`): `ofa-engines` on
+  A100/H100/H200 (the unit only one "+me" media-extension instance may hold); on Blackwell, whose
+  "+me.all" profile holds every decoder, encoder, JPEG and OFA engine on one compute slice,
+  `decoders`, `encoders` and `jpeg-engines` too;
 * one device per possible placement of every GPU instance profile NVML reports,
-  `gpu-<minor>-mig-<profile label>-p<first memory slice>` (type `mig`), consuming the memory slices
-  of its placement, its compute slices and OFA engines. NVML refuses a GPU instance that overlaps
-  another's memory slices (nvmlDeviceGetGpuInstancePossiblePlacements), so two placements the
-  scheduler could allocate together are exactly two NVML could create together;
+  `gpu-<minor>-mig-<profile label>-p<first memory slice>` (type `mig`; one label per profile,
+  `driver.discovery.mig.profile_label`), consuming the memory slices of its placement, its compute
+  slices and its media engines. NVML refuses a GPU instance that overlaps another's memory slices
+  (nvmlDeviceGetGpuInstancePossiblePlacements) or needs engines another holds, so two placements
+  the scheduler could allocate together are exactly two NVML could create together;
 * the whole GPU, `gpu-<minor>` (type `gpu`), consuming all of it: the scheduler never gives it out
   with any partition. In MIG mode CUDA reaches a GPU only through a MIG device, so preparing it
   makes the GPU instance that spans the GPU (the largest profile, at slice 0). That profile's one
   placement is therefore not published a second time as a partition: one device per GPU instance,
   so an event NVML attributes to it names one device.
 
-GPU instances that Tandem did not create (`owned`: the placements its checkpoint records) are the
+GPU instances that Tandem did not create (`owned`: the placements its checkpoint records or its MIG
+note names, `driver.claims.gpu.mig_owners`; a lost checkpoint loses none of them) are the
 administrator's: they are published as today's MIG devices (`driver.discovery.mig`) and never
-destroyed; placements they overlap, or whose compute slices or OFA they hold, are not published,
+destroyed; placements they overlap, or whose compute slices or engines they hold, are not published,
 their share is taken out of the counters, and neither is the whole GPU while they exist. A GPU
 instance Tandem made is the placement device it was made for, with the MIG device's identity
 (`GpuInfo` GI/CI, capabilities) so health events find it; its published form does not change, so
@@ -43,13 +48,14 @@ from cdi import is_dns_label
 from driver.discovery.gpu_attributes import MIB, binary_quantity, fit_limits
 from driver.discovery.mig import gpu_instance_profiles, profile_label
 from driver.model import AttrValue, CounterSet, CounterUse, Device, DeviceKind, MigPlacement
-from driver.node.nvml import DeviceSkipped, text
+from driver.node.nvml import DeviceSkipped, NvmlError, text
 from driver.resource_api import MAX_COUNTERS
 
 log = logging.getLogger(__name__)
 
 COMPUTE_SLICES = "compute-slices"
 OFA_ENGINES = "ofa-engines"
+ENGINE_COUNTERS = ("decoders", "encoders", "jpeg-engines", OFA_ENGINES)  # `GiProfile.engines`
 _PLACEMENT_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9]+(?:-[a-z0-9]+)*?)-p(\d+)$")
 
 
@@ -61,9 +67,11 @@ def memory_slice(index: int) -> str:
     return f"memory-slice-{index}"
 
 
-def placement_device_name(minor: int, profile: str, start: int) -> str:
-    """`gpu-<minor>-mig-<profile label>-p<first memory slice>`, e.g. gpu-7-mig-1g-10gb-p3."""
-    return f"gpu-{minor}-mig-{profile_label(profile)}-p{start}"
+def placement_device_name(minor: int, profile: str, start: int) -> str | None:
+    """`gpu-<minor>-mig-<profile label>-p<first memory slice>`, e.g. gpu-7-mig-1g-10gb-p3; None
+    for a profile without a label."""
+    label = profile_label(profile)
+    return None if label is None else f"gpu-{minor}-mig-{label}-p{start}"
 
 
 def parse_placement_name(name: str) -> tuple[int, str, int] | None:
@@ -87,6 +95,10 @@ class GiProfile:
     jpeg: int
     ofa: int
     placements: tuple[tuple[int, int], ...]  # (start, size) in memory slices
+
+    def engines(self) -> dict[str, int]:
+        """The media engines a GPU instance of this profile holds, by counter (`ENGINE_COUNTERS`)."""
+        return dict(zip(ENGINE_COUNTERS, (self.decoders, self.encoders, self.jpeg, self.ofa), strict=True))
 
 
 @dataclass(frozen=True)
@@ -126,7 +138,7 @@ class DynamicMigReader:
                     ofa=int(info.ofaCount),
                     placements=self._placements(handle, pid),
                 )
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise DeviceSkipped(where, f"its MIG profiles and placements cannot be read: {e}") from e
         return sorted(out.values(), key=lambda p: (p.slices, p.memory_mb, p.name))
 
@@ -152,7 +164,7 @@ class DynamicMigReader:
                     info = nvml.nvmlGpuInstanceGetInfo(gi)
                     out.append(GpuInstance(int(info.id), int(info.profileId), int(info.placement.start),
                                            int(info.placement.size)))  # fmt: skip
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise DeviceSkipped(where, f"its GPU instances cannot be listed: {e}") from e
         return sorted(out, key=lambda g: g.id)
 
@@ -166,6 +178,25 @@ def whole_gpu_profile(profiles: Sequence[GiProfile]) -> GiProfile | None:
 
 def memory_slices(profiles: Sequence[GiProfile]) -> int:
     return max((start + size for p in profiles for start, size in p.placements), default=0)
+
+
+def engine_counters(profiles: Sequence[GiProfile], full: GiProfile) -> dict[str, int]:
+    """The media-engine counters the GPU needs, each with how many engines of its kind the GPU has
+    (the most any profile holds). A kind that every profile holds at most its share of the compute
+    slices of needs none: placements that fit in the compute slices fit in its engines too. One
+    that a profile holds more of (H100's "+me" the one OFA; Blackwell's "+me.all" every engine, on
+    one slice) gets one, or the scheduler would pair placements NVML refuses together."""
+    out = {}
+    for counter in ENGINE_COUNTERS:
+        total = max(p.engines()[counter] for p in profiles)
+        if any(p.engines()[counter] * full.slices > total * p.slices for p in profiles):
+            out[counter] = total
+    return out
+
+
+def tandems(uuid: str, instances: Sequence[GpuInstance], owned: Collection[MigPlacement]) -> dict[int, GpuInstance]:
+    """The GPU instances (by ID) Tandem made, told by device identity: the GPU and the placement."""
+    return {gi.id: gi for gi in instances if MigPlacement(uuid, gi.profile_id, gi.start, gi.size) in owned}
 
 
 def publish(
@@ -188,15 +219,13 @@ def publish(
         log.warning("gpu-%d: no MIG profile spans the whole GPU; publishing its MIG devices only", minor)
         return list(migs)
     slices = memory_slices(profiles)
-    ours = {gi.id: gi for gi in instances if _placement(uuid, gi) in owned}
-    theirs = [gi for gi in instances if gi.id not in ours]
-    busy = {s for gi in theirs for s in range(gi.start, gi.start + gi.size)}
-    compute_left = full.slices - sum(by_id[gi.profile_id].slices for gi in theirs if gi.profile_id in by_id)
-    ofa_left = full.ofa - sum(by_id[gi.profile_id].ofa for gi in theirs if gi.profile_id in by_id)
-    totals = {memory_slice(i): 0 if i in busy else 1 for i in range(slices)}
-    totals[COMPUTE_SLICES] = max(compute_left, 0)
-    if full.ofa:
-        totals[OFA_ENGINES] = max(ofa_left, 0)
+    ours = tandems(uuid, instances, owned)
+    theirs = [by_id[gi.profile_id] for gi in instances if gi.id not in ours and gi.profile_id in by_id]  # profiles
+    busy = {s for gi in instances if gi.id not in ours for s in range(gi.start, gi.start + gi.size)}
+    engines = engine_counters(profiles, full)
+    left = {COMPUTE_SLICES: full.slices - sum(p.slices for p in theirs)}
+    left |= {k: total - sum(p.engines()[k] for p in theirs) for k, total in engines.items()}
+    totals = {memory_slice(i): 0 if i in busy else 1 for i in range(slices)} | {k: max(v, 0) for k, v in left.items()}
     if len(totals) > MAX_COUNTERS:
         log.warning("gpu-%d: %d memory slices need more counters than a set holds; publishing its MIG devices only",
                     minor, slices)  # fmt: skip
@@ -206,18 +235,17 @@ def publish(
     out = [m for m in migs if m.gpu is not None and m.gpu.mig_gi not in ours]
     realised = {m.gpu.mig_gi: m for m in migs if m.gpu is not None and m.gpu.mig_gi in ours}
     for p in profiles:
+        needs = {COMPUTE_SLICES: p.slices} | {k: p.engines()[k] for k in engines}
         for start, size in p.placements:
             span = set(range(start, start + size))
-            if span & busy or p.slices > compute_left or p.ofa > max(ofa_left, 0) or (p, start) == (full, 0):
+            if span & busy or any(n > totals[k] for k, n in needs.items()) or (p, start) == (full, 0):
                 continue
             made = next((gi for gi in ours.values() if (gi.profile_id, gi.start) == (p.id, start)), None)
-            device = _placement_device(minor, uuid, whole, common, p, start, size, counters)
+            device = _placement_device(minor, uuid, whole, common, p, start, size, counters, needs)
             if device is not None:
                 out.append(_realised(device, realised.get(made.id) if made else None))
-    if not theirs:
-        use = {memory_slice(i): 1 for i in range(slices)} | {COMPUTE_SLICES: full.slices}
-        if full.ofa:
-            use[OFA_ENGINES] = full.ofa
+    if not busy:
+        use = {memory_slice(i): 1 for i in range(slices)} | {COMPUTE_SLICES: full.slices} | engines
         assert whole.gpu is not None
         info = replace(whole.gpu, placement=MigPlacement(uuid, full.id, 0, slices))
         made = next((gi for gi in ours.values() if (gi.profile_id, gi.start) == (full.id, 0)), None)
@@ -226,20 +254,17 @@ def publish(
     return out
 
 
-def _placement(uuid: str, gi: GpuInstance) -> MigPlacement:
-    return MigPlacement(uuid, gi.profile_id, gi.start, gi.size)
-
-
 def _quantities(values: dict[str, int]) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((k, str(v)) for k, v in values.items()))
 
 
 def _placement_device(
     minor: int, uuid: str, whole: Device, common: dict[str, AttrValue], p: GiProfile, start: int, size: int,
-    counters: CounterSet,
+    counters: CounterSet, needs: dict[str, int],
 ) -> Device | None:  # fmt: skip
+    """`needs`: what it consumes besides its memory slices (compute slices, counted engines)."""
     name = placement_device_name(minor, p.name, start)
-    if not is_dns_label(name):
+    if name is None or not is_dns_label(name):
         log.warning(
             "gpu-%d: MIG profile %r gives no valid device name; its placements are not published", minor, p.name
         )
@@ -261,9 +286,7 @@ def _placement_device(
         "jpegEngines": str(p.jpeg),
         "ofaEngines": str(p.ofa),
     }
-    use = {memory_slice(s): 1 for s in range(start, start + size)} | {COMPUTE_SLICES: p.slices}
-    if p.ofa:
-        use[OFA_ENGINES] = p.ofa
+    use = {memory_slice(s): 1 for s in range(start, start + size)} | {k: n for k, n in needs.items() if n}
     assert whole.gpu is not None
     return Device(
         name=name,

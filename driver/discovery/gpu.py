@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from driver.discovery.dynamic_mig import DynamicMigReader, publish
+from driver.discovery.dynamic_mig import DynamicMigReader, publish, tandems
 from driver.discovery.gpu_attributes import (
     ARCHITECTURES,
     BRANDS,
@@ -40,6 +40,7 @@ from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, V
 from driver.node.nvml import (
     ERROR_NOT_SUPPORTED,
     DeviceSkipped,
+    NvmlError,
     NvmlUnavailable,
     init_nvml,
     optional,
@@ -144,7 +145,7 @@ class _Session:
         system = self._system_attributes()
         try:
             count = int(nvml.nvmlDeviceGetCount())
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise NvmlUnavailable(f"nvmlDeviceGetCount failed: {e}") from e
         found: dict[str, Device] = {}
         for index in range(count):
@@ -168,7 +169,7 @@ class _Session:
     def _system_attributes(self) -> dict[str, AttrValue]:
         nvml = self.nvml
         attrs: dict[str, AttrValue] = {}
-        raw = optional(nvml, "system", "driverVersion", nvml.nvmlSystemGetDriverVersion)
+        raw = optional("system", "driverVersion", nvml.nvmlSystemGetDriverVersion)
         if raw is not None:
             version = semver(text(raw))
             if version is None:
@@ -176,7 +177,7 @@ class _Session:
             else:
                 attrs["driverVersion"] = Version(version)
         get_cuda = getattr(nvml, "nvmlSystemGetCudaDriverVersion_v2", nvml.nvmlSystemGetCudaDriverVersion)
-        cuda = optional(nvml, "system", "cudaDriverVersion", get_cuda)
+        cuda = optional("system", "cudaDriverVersion", get_cuda)
         if cuda is not None and (cuda_text := cuda_version(int(cuda))) is not None:
             attrs["cudaDriverVersion"] = Version(cuda_text)
         attrs.update(gpu_attributes(read_gpudirect(self.config.sysfs_root, self.config.proc_root)))
@@ -190,7 +191,7 @@ class _Session:
             handle = nvml.nvmlDeviceGetHandleByIndex(index)
             minor = int(nvml.nvmlDeviceGetMinorNumber(handle))
             uuid = text(nvml.nvmlDeviceGetUUID(handle))
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise DeviceSkipped(f"at NVML index {index}", f"cannot read its identity: {e}") from e
         if not 0 < len(uuid) <= MAX_VALUE_LENGTH:
             raise DeviceSkipped(f"at NVML index {index}", f"its UUID {uuid[:80]!r} is not publishable")
@@ -198,7 +199,7 @@ class _Session:
         try:
             current, _pending = nvml.nvmlDeviceGetMigMode(handle)
             mig_capable, mig_mode = True, int(current) == _NVML_DEVICE_MIG_ENABLE
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value != ERROR_NOT_SUPPORTED:
                 raise DeviceSkipped(where, f"cannot read its MIG mode: {e}") from e
             mig_capable, mig_mode = False, False
@@ -209,7 +210,7 @@ class _Session:
         common.update(topo.attributes)
         dynamic = mig_mode and self.config.dynamic_mig(minor, uuid)
         if mig_mode and not dynamic:
-            migs = self.mig.devices(where, handle, minor, uuid, bdf, common)
+            migs = self._not_tandems(where, handle, uuid, self.mig.devices(where, handle, minor, uuid, bdf, common))
             return bdf, [replace(d, pcie_path=topo.pcie_path) for d in migs]
 
         attrs: dict[str, AttrValue] = {"type": "gpu", "uuid": uuid, **common}
@@ -218,7 +219,7 @@ class _Session:
             if profiles:
                 attrs["migProfiles"] = tuple(profiles)
         caps: dict[str, str] = {}
-        memory = optional(nvml, where, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
+        memory = optional(where, "memory", nvml.nvmlDeviceGetMemoryInfo, handle)
         if memory is not None:
             caps["memory"] = binary_quantity(int(memory.total))
         name = f"gpu-{minor}"
@@ -251,8 +252,20 @@ class _Session:
             return migs
         return publish(minor, uuid, whole, profiles, instances, migs, self.config.owned_placements())
 
+    def _not_tandems(self, where: str, handle: Any, uuid: str, migs: list[Device]) -> list[Device]:
+        """The MIG devices of a GPU not served dynamically but the GPU instances Tandem made on it
+        (it left `--dynamic-mig`): those stay their claims' until they are unprepared, never
+        published as free. Read after the MIG devices, like the dynamic path: one listed was noted
+        before it was made. A GPU whose instances cannot be listed keeps its last devices."""
+        owned = {p for p in self.config.owned_placements() if p.parent_uuid == uuid}
+        if not owned:
+            return migs
+        reader = DynamicMigReader(self.nvml)
+        ours = tandems(uuid, reader.instances(where, handle, reader.profiles(where, handle)), owned)
+        return [m for m in migs if m.gpu is None or m.gpu.mig_gi not in ours]
+
     def _bus_id(self, where: str, handle: Any) -> str:
-        info = optional(self.nvml, where, "PCI attributes", self.nvml.nvmlDeviceGetPciInfo, handle)
+        info = optional(where, "PCI attributes", self.nvml.nvmlDeviceGetPciInfo, handle)
         if info is None:
             return ""
         try:
@@ -265,20 +278,20 @@ class _Session:
         """productName, brand, architecture, cudaComputeCapability: shared by a GPU and its MIG devices."""
         nvml = self.nvml
         attrs: dict[str, AttrValue] = {}
-        name = optional(nvml, where, "productName", nvml.nvmlDeviceGetName, handle)
+        name = optional(where, "productName", nvml.nvmlDeviceGetName, handle)
         if name is not None:
             product = text(name)
             if 0 < len(product) <= MAX_VALUE_LENGTH:
                 attrs["productName"] = product
             else:
                 log.warning("%s: product name %r is not publishable", where, product[:80])
-        brand = optional(nvml, where, "brand", nvml.nvmlDeviceGetBrand, handle)
+        brand = optional(where, "brand", nvml.nvmlDeviceGetBrand, handle)
         if brand is not None:
             attrs["brand"] = BRANDS.get(int(brand), "Unknown")
-        arch = optional(nvml, where, "architecture", nvml.nvmlDeviceGetArchitecture, handle)
+        arch = optional(where, "architecture", nvml.nvmlDeviceGetArchitecture, handle)
         if arch is not None and int(arch) in ARCHITECTURES:
             attrs["architecture"] = ARCHITECTURES[int(arch)]
-        cc = optional(nvml, where, "cudaComputeCapability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
+        cc = optional(where, "cudaComputeCapability", nvml.nvmlDeviceGetCudaComputeCapability, handle)
         if cc is not None:
             major, minor = (int(x) for x in cc)
             attrs["cudaComputeCapability"] = Version(f"{major}.{minor}.0")

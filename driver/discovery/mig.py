@@ -25,6 +25,7 @@ from driver.node.nvml import (
     ERROR_NOT_FOUND,
     ERROR_NOT_SUPPORTED,
     DeviceSkipped,
+    NvmlError,
     optional,
     text,
 )
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 
 _GPU_INSTANCE_PROFILE_COUNT = 0x12  # NVML_GPU_INSTANCE_PROFILE_COUNT in nvidia-ml-py 13
 _MIG_NAME = re.compile(r"^gpu-(\d+)-mig-([a-z0-9]+(?:-[a-z0-9]+)*?)-(\d+)-(\d+)$")
+# A MIG profile's name as NVML spells it (after "MIG "): [<c>c.]<g>g.<gb>gb[(+|-)<attribute>], an
+# attribute being dot-separated words ("me", "me.all", "gfx").
+_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb(?:([+-])([a-z][a-z0-9]*(?:\.[a-z][a-z0-9]*)*))?")
 
 
 @dataclass(frozen=True)
@@ -44,22 +48,41 @@ class MigName:
     ci: int
 
 
-def profile_label(profile: str) -> str:
-    """The profile as it appears in a device name: lower case, each run of other characters a dash.
+def profile_label(profile: str) -> str | None:
+    """The profile as it appears in a device name, a DNS-label-safe spelling that no other profile
+    has; None for a name outside NVML's grammar, `[<c>c.]<g>g.<gb>gb[+<attribute>|-<attribute>]`.
 
-    "1g.10gb" -> "1g-10gb", "1g.10gb+me" -> "1g-10gb-me", "1c.2g.20gb" -> "1c-2g-20gb".
+    Dots become dashes. An attribute the profile adds ("+me" media extensions, "+me.all" every
+    media engine, "+gfx" graphics) is kept; one it takes away ("-me": no media engine) becomes
+    "no<attribute>", as NVIDIA's vGPU type names spell them (ME, NOME, MEALL, GFX):
+    "1g.10gb" -> "1g-10gb", "1g.24gb+me" -> "1g-24gb-me", "1g.24gb-me" -> "1g-24gb-nome",
+    "1g.24gb+me.all" -> "1g-24gb-me-all", "1c.2g.20gb" -> "1c-2g-20gb". One-to-one, because a
+    dynamic-MIG GPU publishes one device per profile and placement under this label: two profiles
+    with one label would publish one of them only (Blackwell's "+me" and "-me" did). So an added
+    attribute spelt "no..." has no label (it would read as a removed one); NVML has none.
     """
-    return re.sub(r"[^a-z0-9]+", "-", profile.lower()).strip("-")
+    m = _PROFILE.fullmatch(profile.lower())
+    if m is None:
+        return None
+    c, g, gb, sign, attribute = m.groups()
+    if sign == "+" and attribute.startswith("no"):
+        return None
+    label = f"{c}c-{g}g-{gb}gb" if c else f"{g}g-{gb}gb"
+    if sign is None:
+        return label
+    return f"{label}-{'no' if sign == '-' else ''}{attribute.replace('.', '-')}"
 
 
-def mig_device_name(parent_minor: int, profile: str, gi: int, ci: int) -> str:
-    """`gpu-<parent minor>-mig-<profile label>-<GPU instance ID>-<compute instance ID>`.
+def mig_device_name(parent_minor: int, profile: str, gi: int, ci: int) -> str | None:
+    """`gpu-<parent minor>-mig-<profile label>-<GPU instance ID>-<compute instance ID>`; None when
+    the profile has no label.
 
     The profile is in the name so that devices sort by size under one GPU (the scheduler takes
     the first fit); the last two numbers identify the MIG device on its GPU, so the name is stable
     for as long as the MIG device exists. `parse_mig_device_name` inverts it.
     """
-    return f"gpu-{parent_minor}-mig-{profile_label(profile)}-{gi}-{ci}"
+    label = profile_label(profile)
+    return None if label is None else f"gpu-{parent_minor}-mig-{label}-{gi}-{ci}"
 
 
 def parse_mig_device_name(name: str) -> MigName | None:
@@ -75,7 +98,7 @@ def gpu_instance_profiles(nvml: ModuleType, handle: Any) -> Iterator[Any]:
     for profile in range(int(getattr(nvml, "NVML_GPU_INSTANCE_PROFILE_COUNT", _GPU_INSTANCE_PROFILE_COUNT))):
         try:
             yield nvml.nvmlDeviceGetGpuInstanceProfileInfo(handle, profile)
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value not in (ERROR_NOT_SUPPORTED, ERROR_INVALID_ARGUMENT):
                 raise
 
@@ -95,7 +118,7 @@ class MigReader:
                 name = text(info.name).removeprefix("MIG ").strip()
                 if name and len(name) <= MAX_VALUE_LENGTH:
                     found.setdefault(name, (int(info.sliceCount), int(info.memorySizeMB)))
-        except self.nvml.NVMLError as e:
+        except NvmlError as e:
             log.warning("%s: GPU instance profiles: %s; migProfiles may be incomplete", where, e)
         return sorted(found, key=lambda n: (*found[n], n))
 
@@ -113,14 +136,14 @@ class MigReader:
         nvml = self.nvml
         try:
             slots = int(nvml.nvmlDeviceGetMaxMigDeviceCount(handle))
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise DeviceSkipped(where, f"in MIG mode, but its MIG devices cannot be listed: {e}") from e
         devices = []
         failed = 0
         for slot in range(slots):
             try:
                 mig = nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, slot)
-            except nvml.NVMLError as e:
+            except NvmlError as e:
                 if e.value != ERROR_NOT_FOUND:
                     failed += 1
                     log.warning("%s: MIG device slot %d: %s", where, slot, e)
@@ -142,15 +165,15 @@ class MigReader:
             uuid = text(nvml.nvmlDeviceGetUUID(mig))
             gi = int(nvml.nvmlDeviceGetGpuInstanceId(mig))
             ci = int(nvml.nvmlDeviceGetComputeInstanceId(mig))
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             raise DeviceSkipped(where, f"cannot read its identity: {e}") from e
         if not 0 < len(uuid) <= MAX_VALUE_LENGTH:
             raise DeviceSkipped(where, f"MIG device UUID {uuid[:80]!r} is not publishable")
         mig_where = f"{where} MIG {uuid}"
-        info = optional(nvml, mig_where, "capacities", nvml.nvmlDeviceGetAttributes, mig)
+        info = optional(mig_where, "capacities", nvml.nvmlDeviceGetAttributes, mig)
         profile = self._profile(mig_where, mig, info)
         name = mig_device_name(minor, profile, gi, ci)
-        if not is_dns_label(name) or len(profile) > MAX_VALUE_LENGTH:
+        if name is None or not is_dns_label(name) or len(profile) > MAX_VALUE_LENGTH:
             raise DeviceSkipped(where, f"MIG device {uuid} profile {profile!r} gives no valid device name")
         attrs: dict[str, AttrValue] = {
             "type": "mig",
@@ -188,7 +211,7 @@ class MigReader:
 
     def _profile(self, where: str, mig: Any, info: Any) -> str:
         """The MIG profile from the device name ("... MIG 1g.10gb"), else rebuilt from its attributes."""
-        name = optional(self.nvml, where, "profile from the name", self.nvml.nvmlDeviceGetName, mig)
+        name = optional(where, "profile from the name", self.nvml.nvmlDeviceGetName, mig)
         if name is not None:
             m = re.search(r"\bMIG\s+(\S+)$", text(name))
             if m:

@@ -4,7 +4,9 @@ One pass of `NicDiscovery.discover` runs the three steps: `nic_scan` lists the n
 them by PCI function, `nic_device` turns each function into a published device, and `link_hold`
 holds back link facts that have not settled yet. What is skipped and why is said in those
 modules; here the default-route functions are left out, and a kept NIC the configured exclusions
-(`--exclude-nics`) name is not kept: excluded means never published, allocated or not.
+(`--exclude-nics`) name is not kept: excluded means never published, allocated or not. A NIC Tandem
+is bringing home from a pod (`home_names`) is excluded by its home name, not by the one it has
+(`NicScanner.excluded_by`), and `host_netdevs` names its netdev, excluded or not, for the return.
 
 Kept devices: `discover(keep=...)` names PCI addresses of allocated NICs. One that discovery does
 not publish now (its netdev moved into a pod, or it stopped qualifying) is published from its last
@@ -19,14 +21,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from driver.config import NO_EXCLUSIONS, NicExclusions
 from driver.discovery.link_hold import LinkHold
 from driver.discovery.nic_device import NicDeviceReader
-from driver.discovery.nic_scan import NicScanner
+from driver.discovery.nic_scan import NicScanner, representative
 from driver.discovery.nic_sysfs import BROKEN
 from driver.model import Device
 from driver.node.rtnl import Link
@@ -43,7 +45,8 @@ class NicDiscovery:
 
     `link_hold`: seconds a changed link fact must hold before it is published; `link_events`
     counts the link messages seen per netdev (the NIC watcher's), so a flap between two passes
-    still restarts the hold.
+    still restarts the hold. `home_names`: PCI address -> home name of each NIC Tandem is bringing
+    home from a pod (`driver.claims.nic.homes.NicHomes.home_names`).
     """
 
     def __init__(
@@ -59,17 +62,24 @@ class NicDiscovery:
         link_events: Callable[[str], int] | None = None,
         proc_root: Path = Path("/proc"),
         shares: int = 1,
+        home_names: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         sysfs_root = Path(sysfs_root)
         self.exclude = exclude
         self._scanner = NicScanner(
-            sysfs_root, netlink=netlink, netns=netns, skip_default_route=skip_default_route, exclude=exclude
+            sysfs_root,
+            netlink=netlink,
+            netns=netns,
+            skip_default_route=skip_default_route,
+            exclude=exclude,
+            home_names=home_names,
         )
         self._reader = NicDeviceReader(sysfs_root, list_attributes, proc_root, shares)
         self._hold = LinkHold(link_hold, clock, link_events or (lambda _name: 0))
         self._lock = threading.Lock()
         self._last_known: dict[str, Device] = {}
         self._nic_indexes: frozenset[int] = frozenset()  # replaced whole: read without the lock
+        self._host_netdevs: dict[str, str] = {}
 
     @property
     def pending_until(self) -> float | None:
@@ -87,6 +97,12 @@ class NicDiscovery:
         the NIC watcher correct a verdict it could not reach from one message."""
         return ifindex in self._nic_indexes
 
+    def host_netdevs(self) -> dict[str, str]:
+        """PCI address -> the name of its netdev on the host, for every function the last pass
+        found one for, excluded ones too: where `NicHomes.restore` finds a NIC back from its pod."""
+        with self._lock:
+            return dict(self._host_netdevs)
+
     def discover(self, keep: Keep = ()) -> list[Device]:
         """The RDMA NICs to publish now, sorted by name. `keep`: PCI addresses of allocated NICs.
 
@@ -97,6 +113,11 @@ class NicDiscovery:
             kept = {k.lower() for k in (keep() if callable(keep) else keep)}
             scan = self._scanner.scan()
             self._nic_indexes = scan.nic_indexes
+            self._host_netdevs = {
+                bdf: rep.name
+                for bdf, netdevs in (*scan.functions.items(), *scan.excluded.items())
+                if (rep := representative(netdevs)) is not None
+            }
             self._reader.begin_pass()
             devices: dict[str, Device] = {}
             for bdf, netdevs in sorted(scan.functions.items()):
@@ -114,7 +135,7 @@ class NicDiscovery:
             for bdf in sorted(kept - devices.keys()):
                 last = self._last_known.get(bdf)
                 names = [last.nic.ifname] if last and last.nic else []
-                if bdf in scan.excluded or self.exclude.match(bdf, names):
+                if bdf in scan.excluded or self._scanner.excluded_by(bdf, names):
                     log.info("allocated NIC %s is excluded by --exclude-nics: not published", bdf)
                     continue
                 absent = self._absent(bdf)

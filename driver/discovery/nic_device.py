@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from driver.discovery.gpudirect import GpuDirect, nic_attributes, read_gpudirect
-from driver.discovery.nic_scan import Netdev
+from driver.discovery.nic_scan import Netdev, representative
 from driver.discovery.nic_sysfs import (
     NicError,
     hex_id,
@@ -37,11 +38,24 @@ from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACIT
 log = logging.getLogger(__name__)
 
 SHARES = "shares"
-# The kernel's RDMA namespace mode (ib_core `netns_mode`): shared (every namespace sees every RDMA
-# device, the default) or exclusive (an RDMA device belongs to one namespace).
 RDMA_NETNS_MODE = "rdmaNetnsMode"
 UNUSABLE_DRIVERS = frozenset({"vfio-pci", "uio_pci_generic", "igb_uio", "pci-stub"})
 MAX_ADDRESSES_PER_FAMILY = 8
+
+
+class RdmaNetnsMode(StrEnum):
+    """The kernel's RDMA namespace mode (ib_core `netns_mode`), published as `rdmaNetnsMode`."""
+
+    SHARED = "shared"  # every namespace sees every RDMA device (the default)
+    EXCLUSIVE = "exclusive"  # an RDMA device belongs to one namespace
+
+
+_NETNS_MODES = {
+    "Y": RdmaNetnsMode.SHARED,
+    "1": RdmaNetnsMode.SHARED,
+    "N": RdmaNetnsMode.EXCLUSIVE,
+    "0": RdmaNetnsMode.EXCLUSIVE,
+}
 
 
 def device_name(pci_address: str) -> str:
@@ -60,14 +74,14 @@ class NicDeviceReader:
         self.proc_root = proc_root
         self.shares = shares
         self.gpudirect = GpuDirect(peermem=False, dmabuf=False)
-        self.netns_mode = ""
+        self.netns_mode: RdmaNetnsMode | None = None  # None: not told (no ib_core)
 
     def begin_pass(self) -> None:
         """Read what holds for every NIC of the node (GPUDirect RDMA, the RDMA namespace mode),
         once per discovery pass."""
         self.gpudirect = read_gpudirect(self.sysfs_root, self.proc_root)
         mode = read_or_empty(self.sysfs_root / "module/ib_core/parameters/netns_mode")
-        self.netns_mode = {"Y": "shared", "1": "shared", "N": "exclusive", "0": "exclusive"}.get(mode, "")
+        self.netns_mode = _NETNS_MODES.get(mode)
 
     def device(self, bdf: str, netdevs: list[Netdev]) -> Device | None:
         """The function as a published NIC; None (logged at debug level) when it is not one."""
@@ -79,7 +93,7 @@ class NicDeviceReader:
         if driver in UNUSABLE_DRIVERS:
             log.debug("skip %s: bound to %s", bdf, driver)
             return None
-        rep = min(netdevs, key=lambda n: (n.dev_port, n.name)) if netdevs else None
+        rep = representative(netdevs)
         rdma = self._rdma_device(fn, rep.name if rep else None)
         if rdma is None:
             log.debug("skip %s (%s): no RDMA device", bdf, rep.name if rep else "-")
@@ -112,8 +126,8 @@ class NicDeviceReader:
             attrs["sriovVfs"] = read_int(fn / "sriov_numvfs", 0) or 0
         attrs["isSriovVf"] = is_vf
         attrs.update(nic_attributes(self.gpudirect, driver))
-        if self.netns_mode:
-            attrs[RDMA_NETNS_MODE] = self.netns_mode
+        if self.netns_mode is not None:
+            attrs[RDMA_NETNS_MODE] = self.netns_mode.value
         ipv4 = rep.ipv4 if rep else ()
         ipv6 = rep.ipv6 if rep else ()
         attrs.update(self._address_attributes(ipv4, ipv6))

@@ -31,7 +31,8 @@ Which PCI function a netdev of netlink belongs to (`function_of`), first answer 
 Skipped here (each logged at debug level with the reason, but for the links of no PCI function, of
 which a node with a CNI has thousands): loopback, links of no PCI function (veth, bridge, ...),
 NICs `exclude` matches (the whole function, by its PCI address or any of its
-netdevs' names), and with `skip_default_route` the default-route links, their bridge/bond ports
+netdevs' names; for a NIC Tandem is bringing home from a pod, by its home name instead of the
+names it has: `excluded_by`), and with `skip_default_route` the default-route links, their bridge/bond ports
 and lower devices, the PCI functions under them and those functions' VFs (marked in
 `Scan.uplink_functions` for the caller to skip). InfiniBand functions with no netdev at all (IPoIB
 not loaded) are listed too, from `class/infiniband/*`, with no netdevs.
@@ -43,12 +44,13 @@ import ipaddress
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.config import NicExclusions
 from driver.discovery.nic_sysfs import BDF, BROKEN, NicError, pci_function_dir, read, read_int, read_or_empty
+from driver.errors import NodeError
 from driver.node import netlink
 from driver.node.rtnl import ARPHRD_LOOPBACK, Link
 
@@ -59,7 +61,7 @@ GID_REREAD_SECONDS = 5.0
 _VIRTUAL = "no PCI device (a virtual link)"
 
 
-class NicDiscoveryError(RuntimeError):
+class NicDiscoveryError(NodeError):
     """Discovery as a whole cannot run (netlink unreadable, namespace gone); nothing is published."""
 
 
@@ -82,7 +84,7 @@ class Scan:
 
     functions: dict[str, list[Netdev]] = field(default_factory=dict)
     uplink_functions: set[str] = field(default_factory=set)
-    excluded: set[str] = field(default_factory=set)  # left out by `exclude`
+    excluded: dict[str, list[Netdev]] = field(default_factory=dict)  # left out by `exclude`
     nic_indexes: frozenset[int] = frozenset()  # ifindexes of the netdevs in `functions` (netlink)
 
 
@@ -104,7 +106,10 @@ class _GidEntry:
 
 
 class NicScanner:
-    """Lists netdevs (from netlink or sysfs) and groups them by the PCI function they belong to."""
+    """Lists netdevs (from netlink or sysfs) and groups them by the PCI function they belong to.
+
+    `home_names`: PCI address -> home name of each NIC Tandem is bringing home from a pod
+    (`driver.claims.nic.homes`), for `excluded_by`."""
 
     def __init__(
         self,
@@ -114,12 +119,14 @@ class NicScanner:
         netns: str | None,
         skip_default_route: bool,
         exclude: NicExclusions,
+        home_names: Callable[[], Mapping[str, str]] = dict,
     ) -> None:
         self.sysfs_root = sysfs_root
         self.use_netlink = netlink
         self.netns = netns
         self.skip_default_route = skip_default_route
         self.exclude = exclude
+        self.home_names = home_names
         self._gids: tuple[float, dict[str, list[_GidEntry]]] = (-math.inf, {})  # (read at, entries)
 
     def scan(self) -> Scan:
@@ -137,11 +144,11 @@ class NicScanner:
                 scan.uplink_functions.update(self._virtfns(bdf))
         for bdf in self._infiniband_only_functions(scan.functions.keys()):
             scan.functions[bdf] = []
+        homes = self.home_names() if self.exclude.patterns else {}
         for bdf, nds in list(scan.functions.items()):
-            if pattern := self.exclude.match(bdf, (n.name for n in nds)):
+            if pattern := self.excluded_by(bdf, (n.name for n in nds), homes):
                 log.debug("skip %s (%s): excluded by %r", bdf, ",".join(n.name for n in nds) or "-", pattern)
-                del scan.functions[bdf]
-                scan.excluded.add(bdf)
+                scan.excluded[bdf] = scan.functions.pop(bdf)
         scan.nic_indexes = frozenset(
             indexes[n.name] for nds in scan.functions.values() for n in nds if n.name in indexes
         )
@@ -159,7 +166,18 @@ class NicScanner:
                 found = self._function_of(link, self._gid_entries(max_age=GID_REREAD_SECONDS))
         else:
             found = self._function_of(link, {})
-        return isinstance(found, _Function) and self.exclude.match(found.pci_address, (link.name,)) is None
+        return isinstance(found, _Function) and self.excluded_by(found.pci_address, (link.name,)) is None
+
+    def excluded_by(self, pci_address: str, names: Iterable[str], homes: Mapping[str, str] | None = None) -> str | None:
+        """The `exclude` pattern that keeps this NIC out, or None. A PCI-address pattern always
+        applies. A name pattern is matched against the NIC's netdev names (`names`), except for a
+        NIC Tandem is bringing home from a pod (`homes`, read now when not given): against its home
+        name alone, never against a name the pod gave it, so that no pod can hide a NIC from its
+        return (docs/deployment.md, 'Which NICs')."""
+        if not self.exclude.patterns:
+            return None
+        home = (self.home_names() if homes is None else homes).get(pci_address)
+        return self.exclude.match(pci_address, (home,) if home else names)
 
     def _netlink_netdevs(self, indexes: dict[str, int]) -> tuple[list[tuple[str, Netdev]], frozenset[str]]:
         """Netdevs of PCI functions as netlink sees them, with their function; the names of
@@ -321,6 +339,12 @@ class NicScanner:
             else:
                 log.debug("skip %s (%s): RoCE function without a visible netdev", bdf, dev.name)
         return out
+
+
+def representative(netdevs: Sequence[Netdev]) -> Netdev | None:
+    """The netdev that stands for its PCI function (its first port): the one it is published with
+    and the one an exclusive claim moves into a pod."""
+    return min(netdevs, key=lambda n: (n.dev_port, n.name)) if netdevs else None
 
 
 def default_gid(mac: str) -> str:

@@ -2,8 +2,9 @@
 
 NIC discovery reads dozens of small sysfs files per function, and NIC health a few per NIC every
 poll (`driver.health.link_sysfs`); a kernel bug, a half-removed device or a test tree can make any
-of them absent, garbled or a symlink loop. These readers turn that into `NicError` (or the errors
-in `BROKEN`), so that one broken entry costs only the NIC it describes. The lenient readers
+of them absent, garbled or a symlink loop. These readers turn that into `NicError` or the OS's
+own error (together `BROKEN`, what callers catch), so that one broken entry costs only the NIC it
+describes. The lenient readers
 (`read_or_empty`, `read_int`) take a file that is not UTF-8 as unreadable, as they take an absent
 one: a netdev name may be any bytes (a tenant can rename the netdev of an exclusive NIC, and
 the RDMA side shows that name in `gid_attrs/ndevs/*`), and one such file must not stop a pass.
@@ -16,18 +17,21 @@ import os
 import re
 from pathlib import Path
 
+from driver.errors import DeviceError
+
 log = logging.getLogger(__name__)
 
 # A PCI function address as sysfs spells it (functions 0-7; SR-IOV VFs get their own bus/device).
 BDF = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
-class NicError(ValueError):
+class NicError(DeviceError):
     """Sysfs says something that cannot be true of an RDMA NIC (bad number, broken link, ...)."""
 
 
-# What a broken sysfs entry raises: I/O errors, unparsable values, symlink loops (RuntimeError).
-BROKEN = (OSError, ValueError, RuntimeError)
+# What a broken sysfs entry raises: what these readers make of it (NicError), I/O errors,
+# unparsable values, symlink loops (RuntimeError).
+BROKEN = (NicError, OSError, ValueError, RuntimeError)
 
 _CHUNK = 4096  # a sysfs attribute is at most one page
 

@@ -153,16 +153,17 @@ class NicWatcher:
     def _step(self, next_resync: float | None) -> float | None:
         """One wait-and-handle step of the thread; returns when the next resync is due."""
         assert self._wakeup is not None  # start() made it before starting this thread
-        wakeup = self._wakeup
-        readers: list[WakePipe | socket.socket] = [wakeup] + ([self._sock] if self._sock is not None else [])
+        wakeup, sock = self._wakeup, self._sock
+        readers: list[WakePipe | socket.socket] = [wakeup] + ([sock] if sock is not None else [])
         now = time.monotonic()
+        due: float | None
         if self._pending_since is not None:
             due = min(self._last_event + self.quiet, self._pending_since + self.max_delay)
         else:
             due = next_resync
         ready, _, _ = select.select(readers, [], [], None if due is None else max(0.0, due - now))
         now = time.monotonic()
-        if self._sock in ready and self._drain_socket():
+        if sock is not None and sock in ready and self._drain_socket(sock):
             self._note_event(now)
         if wakeup in ready and b"t" in wakeup.drain():
             self._note_event(now)
@@ -182,11 +183,11 @@ class NicWatcher:
             self._pending_since = now
         self._last_event = now
 
-    def _drain_socket(self) -> bool:
+    def _drain_socket(self, sock: socket.socket) -> bool:
         got = False
         while True:
             try:
-                data = self._sock.recv(1 << 16)
+                data = sock.recv(1 << 16)
             except BlockingIOError:
                 return got
             except OSError as e:  # ENOBUFS: the kernel dropped events; a rescan covers them

@@ -91,7 +91,7 @@ def port_type(config: bytes) -> int | None:
         if ptr < 0x40 or ptr + 4 > len(config):
             return None
         if config[ptr] == _CAP_PCIE:
-            return (struct.unpack_from("<H", config, ptr + 2)[0] >> 4) & 0xF
+            return (int(struct.unpack_from("<H", config, ptr + 2)[0]) >> 4) & 0xF
         ptr = config[ptr + 1] & 0xFC
     return None
 

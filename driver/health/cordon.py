@@ -18,12 +18,14 @@ import difflib
 import json
 import logging
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.fsutil import locked, read_json_state
+from driver.errors import InvalidInput
+from driver.fsutil import Upgrade, locked, read_json_state, unchanged
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
 from driver.resource_api import rfc3339
@@ -31,12 +33,13 @@ from driver.resource_api import rfc3339
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+UPGRADES: Mapping[int, Upgrade] = {0: unchanged}  # a file without a version has version 1's layout
 TAINT_VALUE = "manual"
 MAX_REASON = 256
 MAX_BY = 64
 
 
-class CordonError(ValueError):
+class CordonError(InvalidInput):
     """A cordon request that is refused; the message is meant for the SRE who made it."""
 
 
@@ -113,7 +116,7 @@ class CordonStore:
 
     def _read(self) -> dict[str, Cordon]:
         """The cordons on disk; a corrupt file is moved aside (and logged) rather than crash the daemon."""
-        entries = read_json_state(self.path, "cordon", "cordons", dict)
+        entries = read_json_state(self.path, "cordon", "cordons", dict, version=FORMAT_VERSION, upgrades=UPGRADES)
         out = {}
         for device, entry in entries.items():
             try:

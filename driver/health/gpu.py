@@ -14,7 +14,7 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
 * The monitor holds its own `nvmlInit` (NVML reference-counts it, so discovery's init/shutdown
   pairs do not disturb it). When NVML is unavailable it retries with backoff and marks the
   inventory's GPUs `unmonitored`.
-* When an SRE releases NVML (`tandemctl release`, `discovery.nvml`: nvmlInit opens every GPU,
+* When an SRE releases NVML (`tandemctl release`, `node.nvml`: nvmlInit opens every GPU,
   so releasing one GPU releases NVML) the session is closed at once and none is opened until the
   reacquire; the GPUs' last verdicts stand meanwhile.
 
@@ -76,7 +76,15 @@ from driver.health.nvml_events import (
 )
 from driver.inventory import Inventory
 from driver.model import Condition
-from driver.node.nvml import ERROR_TIMEOUT, NVML_ACCESS, REINIT_ERRORS, NvmlReleased, NvmlUnavailable, init_nvml
+from driver.node.nvml import (
+    ERROR_TIMEOUT,
+    NVML_ACCESS,
+    REINIT_ERRORS,
+    NvmlError,
+    NvmlReleased,
+    NvmlUnavailable,
+    init_nvml,
+)
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +253,7 @@ class GpuHealthMonitor:
                 continue
             try:
                 data = s.nvml.nvmlEventSetWait_v2(s.event_set, self.wait_timeout_ms)
-            except s.nvml.NVMLError as e:
+            except NvmlError as e:
                 if e.value == ERROR_TIMEOUT:
                     wait_error.reset()
                     continue
@@ -274,7 +282,7 @@ class GpuHealthMonitor:
         if uuid is None:
             try:
                 uuid = str(s.nvml.nvmlDeviceGetUUID(data.device))
-            except s.nvml.NVMLError as e:
+            except NvmlError as e:
                 log.warning("NVML event %s (data %d) from a GPU that cannot be named (%s); probing", name, edata, e)
                 self._count(errors=1)
                 self._probe_requested.set()
@@ -317,7 +325,7 @@ class GpuHealthMonitor:
         keeps its class, and the next probe reads the action again)."""
         try:
             return read_recovery_action(s.nvml, handle)
-        except s.nvml.NVMLError as e:
+        except NvmlError as e:
             log.warning("cannot read the recovery action after an XID: %s", e)
             self._count(errors=1)
             return None
@@ -356,7 +364,7 @@ class GpuHealthMonitor:
         for uuid, gpu in gpus.items():
             try:
                 found[uuid], handle = self._probe_gpu(s, gpu)
-            except s.nvml.NVMLError as e:
+            except NvmlError as e:
                 if e.value in REINIT_ERRORS:
                     raise NvmlGone(str(e)) from e
                 raise
@@ -375,7 +383,7 @@ class GpuHealthMonitor:
         nvml, uuid = s.nvml, gpu.uuid
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             self._count(errors=1)
             if e.value in LOST_ERRORS:
                 return [self.policy.gpu_lost(f"nvmlDeviceGetHandleByUUID: {e}")], None
@@ -390,7 +398,7 @@ class GpuHealthMonitor:
                 self._probe_ecc(s, gpu, handle, kind, now, failures)
             memory_conditions(nvml, handle, self.policy, conds, failures)
             recovery_conditions(nvml, handle, self.policy, conds, failures)
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value not in LOST_ERRORS:
                 raise
             self._count(errors=1)

@@ -16,7 +16,7 @@ from typing import Any
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.health.nvml_events import LOST_ERRORS
 from driver.model import Condition
-from driver.node.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS
+from driver.node.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS, NvmlError
 
 CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
 UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
@@ -29,7 +29,7 @@ def memory_conditions(
     """Row remapping (Ampere and later), else page retirement: what waits for a GPU reset."""
     try:
         corrected, uncorrected, pending, failed = nvml.nvmlDeviceGetRemappedRows(handle)
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
             raise
         if e.value != ERROR_NOT_SUPPORTED:
@@ -44,7 +44,7 @@ def memory_conditions(
         return
     try:
         pending = nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle)
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
             raise
         if e.value != ERROR_NOT_SUPPORTED:
@@ -93,7 +93,7 @@ class EccLedger:
         An unreadable counter starts over; one the GPU does not support (ECC off) is no failure."""
         try:
             total = int(nvml.nvmlDeviceGetTotalEccErrors(handle, kind, VOLATILE))
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
                 raise
             self.unreadable(uuid, kind)

@@ -14,7 +14,7 @@ from typing import Any
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.health.nvml_events import LOST_ERRORS
 from driver.model import Condition
-from driver.node.nvml import ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, REINIT_ERRORS
+from driver.node.nvml import ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, REINIT_ERRORS, NvmlError
 
 RECOVERY_ACTION_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 _SUCCESS = 0
@@ -27,7 +27,7 @@ def read_recovery_action(nvml: ModuleType, handle: Any) -> int | None:
     does not report one; any other failure of the call is raised for the caller to judge."""
     try:
         values = nvml.nvmlDeviceGetFieldValues(handle, [RECOVERY_ACTION_FIELD])
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         if e.value in (ERROR_NOT_SUPPORTED, ERROR_FUNCTION_NOT_FOUND):
             return None
         raise
@@ -44,7 +44,7 @@ def recovery_conditions(
     """The probe's reading: a `recovery-action` condition while the driver asks for one."""
     try:
         action = read_recovery_action(nvml, handle)
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         if e.value in LOST_ERRORS or e.value in REINIT_ERRORS:
             raise
         failures.append(f"nvmlDeviceGetFieldValues: {e}")

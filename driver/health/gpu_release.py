@@ -3,9 +3,9 @@
 A GPU reset (`nvidia-smi -r`, which Tandem's own NoExecute taints ask for) needs no process
 holding the GPU, and a driver upgrade needs no process holding NVML; the GPU health monitor holds
 NVML for the daemon's life. So an SRE releases one GPU or all of NVML, and takes it back after.
-nvmlInit opens every GPU (`discovery.nvml`), so either way Tandem lets go of NVML as a whole:
+nvmlInit opens every GPU (`node.nvml`), so either way Tandem lets go of NVML as a whole:
 
-* `discovery.nvml.NvmlAccess` refuses new nvmlInit calls, has the open sessions closed and waits
+* `node.nvml.NvmlAccess` refuses new nvmlInit calls, has the open sessions closed and waits
   until every one is shut down; a release answers only then, or says that it timed out and the
   GPU is not safe to reset yet. Until the reacquire nothing initialises NVML: GPU discovery keeps
   the devices as last found, the health monitor keeps their last verdicts;
@@ -28,13 +28,14 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.fsutil import locked, read_json_state
+from driver.errors import InvalidInput, NodeError
+from driver.fsutil import Upgrade, locked, read_json_state, unchanged
 from driver.health.cordon import MAX_BY, MAX_REASON, check_text, unknown_device
 from driver.health.gpu_policy import UNMONITORED
 from driver.inventory import Inventory
@@ -45,15 +46,16 @@ from driver.resource_api import rfc3339
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+UPGRADES: Mapping[int, Upgrade] = {0: unchanged}  # a file without a version has version 1's layout
 RELEASE_TIMEOUT = 20.0  # seconds a release waits for NVML's sessions to close
 EVERYTHING = ""  # the key (and `gpu`) of a release of all of NVML
 
 
-class ReleaseError(ValueError):
+class ReleaseError(InvalidInput):
     """A release or reacquire that is refused; the message is meant for the SRE who asked."""
 
 
-class ReleaseTimeout(Exception):
+class ReleaseTimeout(NodeError):
     """Released, but NVML still held a session when the wait ended: the GPU is not safe to reset."""
 
 
@@ -122,7 +124,7 @@ class GpuReleases:
             self._apply()
         for r in self._releases.values():
             log.warning("%s stays released from before this start: %s", r.device or "NVML", r.message())
-        return self.list()
+        return self.current()
 
     def release(self, device: str, reason: str, by: str = "") -> list[str]:
         """Release one GPU (named by any of its devices) or, with `device` "", all of NVML; the
@@ -170,7 +172,7 @@ class GpuReleases:
             self._on_reacquire()
         return ended
 
-    def list(self) -> list[Release]:
+    def current(self) -> list[Release]:
         """What this daemon holds released now."""
         with self._ops:
             return sorted(self._releases.values(), key=lambda r: (r.gpu != EVERYTHING, r.device, r.gpu))
@@ -178,7 +180,7 @@ class GpuReleases:
     def problems(self) -> list[str]:
         """For `tandemctl health`: every release makes the node degraded, and says why."""
         out = []
-        for r in self.list():
+        for r in self.current():
             out.append(f"{'NVML' if not r.gpu else r.device or r.gpu}: {r.message()}")
         if out:
             out.append("GPUs are not rediscovered while anything is released")
@@ -232,7 +234,7 @@ class GpuReleases:
 
     def _read(self) -> dict[str, Release]:
         """The releases on disk; a corrupt file is moved aside (and logged), as a corrupt cordon file is."""
-        entries = read_json_state(self.path, "release", "releases", list)
+        entries = read_json_state(self.path, "release", "releases", list, version=FORMAT_VERSION, upgrades=UPGRADES)
         out = {}
         for entry in entries:
             try:

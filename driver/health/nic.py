@@ -274,9 +274,9 @@ class NicHealthMonitor:
         }
         changed = False
         for name in self._watched.keys() - current.keys():
-            w = self._watched.pop(name)
+            gone = self._watched.pop(name)
             changed = True
-            if w.published:
+            if gone.published:
                 self._set(name, frozenset())
         for name, nic in current.items():
             w = self._watched.get(name)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from driver.node.netlink import LinkState
+from driver.node.rtnl import LinkState
 
 LINK_DOWN = "link-down"
 RDMA_PORT_DOWN = "rdma-port-down"

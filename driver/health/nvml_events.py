@@ -15,7 +15,15 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from driver.node.nvml import ERROR_GPU_IS_LOST, ERROR_GPU_NOT_FOUND, ERROR_NOT_FOUND, REINIT_ERRORS, shutdown_nvml
+from driver.errors import NodeError
+from driver.node.nvml import (
+    ERROR_GPU_IS_LOST,
+    ERROR_GPU_NOT_FOUND,
+    ERROR_NOT_FOUND,
+    REINIT_ERRORS,
+    NvmlError,
+    shutdown_nvml,
+)
 
 log = logging.getLogger(__name__)
 
@@ -29,7 +37,7 @@ EVENT_NAMES = {XID: "xid", DOUBLE_BIT: "double_bit_ecc", SINGLE_BIT: "single_bit
 LOST_ERRORS = frozenset({ERROR_GPU_IS_LOST, ERROR_NOT_FOUND, ERROR_GPU_NOT_FOUND})
 
 
-class NvmlGone(Exception):
+class NvmlGone(NodeError):
     """NVML itself went away; the session must be closed and NVML initialised again."""
 
 
@@ -57,7 +65,7 @@ def close(s: Session) -> None:
     """Free the event set and shut NVML down; failures are only logged (this is cleanup)."""
     nvml = s.nvml
     if s.event_set is not None:
-        with contextlib.suppress(nvml.NVMLError):
+        with contextlib.suppress(NvmlError):
             nvml.nvmlEventSetFree(s.event_set)
     shutdown_nvml(nvml)
 
@@ -72,7 +80,7 @@ def register(s: Session, answering: dict[str, Any], on_error: Callable[[], None]
     for uuid in set(s.unmonitored) - set(answering):
         del s.unmonitored[uuid]
     if s.event_set is not None and set(s.registered) - set(answering):
-        with contextlib.suppress(nvml.NVMLError):
+        with contextlib.suppress(NvmlError):
             nvml.nvmlEventSetFree(s.event_set)
         s.event_set = None
     if s.event_set is None:
@@ -82,7 +90,7 @@ def register(s: Session, answering: dict[str, Any], on_error: Callable[[], None]
             return
         try:
             s.event_set = nvml.nvmlEventSetCreate()
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value in REINIT_ERRORS:
                 raise
             on_error()
@@ -98,7 +106,7 @@ def register(s: Session, answering: dict[str, Any], on_error: Callable[[], None]
                 s.unmonitored[uuid] = "the GPU does not report XID events"
                 continue
             nvml.nvmlDeviceRegisterEvents(handle, mask, s.event_set)
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             if e.value in REINIT_ERRORS:
                 raise
             on_error()

@@ -12,21 +12,30 @@ or slice read through a model would lose fields newer than the client, and the s
 needs the exact objects the server stored to notice fields the server dropped (list-typed
 attributes with their feature gate off). So every object is sent and read as JSON. Requests ask
 for `application/json`, as the official clients do.
+
+What the server answers is read as a stranger's: bodies within a limit, its Retry-After within
+`RETRY_AFTER_MAX`, its messages shown escaped (`driver.untrusted`). Over 400 lines on purpose: the
+door is one place, where the requests and the translation of everything that can go wrong on
+the wire into `ApiError` are read together.
 """
 
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import quote, urlencode
 
-from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts
-from driver.kube.kubeconfig import ConfigError, cluster_access
+from driver.errors import ApiServerError
+from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts, failure
+from driver.kube.kubeconfig import KubeconfigError, cluster_access
+from driver.kube.types import AllocatedDeviceStatus, ResourceClaim
 from driver.resource_api import API_VERSION
+from driver.untrusted import shown
 
 log = logging.getLogger(__name__)
 
@@ -42,15 +51,29 @@ USER_AGENT = "tandem-driver"
 # HTTP statuses worth retrying: throttling, server-side trouble, and 0 for "no response at all"
 # (connection refused/reset, timeout).
 _RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
+# The statuses whose Retry-After the retry loops honour: throttled, overloaded.
+_RETRY_AFTER = frozenset({429, 503})
+
+# Bytes of an answer's body read at most: a broken or hostile server (or a proxy) must not grow
+# the daemon's memory without bound. One object (or one watch event): the API server stores none
+# over etcd's 1.5 MiB and takes no request over 3 MiB. One list: this node's slices of this
+# driver. An error: a metav1.Status, whose message is repeated only in part (`_DETAIL` characters).
+OBJECT_LIMIT = 4 * 2**20
+LIST_LIMIT = 16 * 2**20
+ERROR_LIMIT = 64 * 2**10
+_DETAIL = 512
 
 
-class ApiError(Exception):
-    """A failed API call. `status` is the HTTP status, 0 when no response came back."""
+class ApiError(ApiServerError):
+    """A failed API call. `status` is the HTTP status, 0 when no response came back;
+    `retry_after` the seconds the server asked to wait before the next try (Retry-After of a 429
+    or 503, bounded by `Response.retry_after`), 0 when it asked nothing."""
 
-    def __init__(self, message: str, status: int = 0, retryable: bool | None = None) -> None:
+    def __init__(self, message: str, status: int = 0, retryable: bool | None = None, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = status in _RETRYABLE if retryable is None else retryable
+        self.retry_after = retry_after
 
 
 class Conflict(ApiError):
@@ -70,40 +93,65 @@ class NodeRef:
     uid: str
 
 
-def _error_from(exc: Exception, what: str) -> ApiError:
-    """No answer at all (refused, reset, timed out, TLS failure, unreadable token): retryable."""
+def retry_after(exc: BaseException) -> float:
+    """The seconds the API server asked to wait before the next try, 0 for any other failure:
+    what a retry loop waits at least (`driver.backoff.Retry.next`)."""
+    return exc.retry_after if isinstance(exc, ApiError) else 0.0
+
+
+def _error_from(exc: BaseException, what: str) -> ApiError:
+    """No answer, or none that can be read (refused, reset, timed out, TLS failure, a broken HTTP
+    answer, an unreadable token): retryable, saying what failed (`failure`)."""
     if isinstance(exc, ApiError):
         return exc
-    return ApiError(f"{what}: {type(exc).__name__}: {exc}", 0, retryable=True)
+    return ApiError(f"{what}: {failure(exc)}", 0, retryable=True)
 
 
 def _status_error(resp: Response, what: str) -> ApiError:
-    """An answer outside 2xx, with the message of the metav1.Status the server sends."""
+    """An answer outside 2xx, with the message of the metav1.Status the server sends (shown
+    escaped and bounded: a server's text, which may repeat a tenant's) and the wait it asks for."""
     status = int(resp.status)
     detail = ""
     with contextlib.suppress(Exception):
-        body = resp.read()
+        body = _body(resp, what, ERROR_LIMIT)
         try:
             detail = str(json.loads(body).get("message", ""))
-        except (ValueError, AttributeError):
-            detail = body.decode(errors="replace")[:200]
-    msg = f"{what}: HTTP {status} {resp.reason or ''}: {detail}".rstrip(": ")
+        except (ValueError, AttributeError, RecursionError):
+            detail = body.decode(errors="replace")
+    # The standard phrase, not the server's: a reason phrase is one more string it chose.
+    msg = f"{what}: HTTP {status} {http.client.responses.get(status, '')}".rstrip()
+    msg += f": {shown(detail, _DETAIL)}" if detail else ""
     if status == 404:
         return NotFound(msg, status)
     if status == 409:
         return Conflict(msg, status, retryable=True)
-    return ApiError(msg, status)
+    return ApiError(msg, status, retry_after=resp.retry_after if status in _RETRY_AFTER else 0.0)
 
 
-def _decode(resp: Response, what: str) -> dict[str, Any]:
-    """The body is read here, lazily: a connection that breaks or times out mid-body raises
-    now, and must still become an ApiError."""
+def _body(resp: Response, what: str, limit: int) -> bytes:
+    """The whole body, read here, lazily: a connection that breaks or times out mid-body raises
+    now, and must still become an ApiError; so does a body over `limit` bytes, refused unread
+    when its Content-Length says so, else once `limit` bytes have come (no more are read)."""
+    declared = resp.length
+    if declared is None or declared <= limit:
+        try:
+            data = resp.read(limit + 1)
+        except Exception as exc:
+            raise _error_from(exc, what) from exc
+        if len(data) <= limit:
+            return data
+    resp.close()
+    size = f"of {declared} bytes" if declared is not None else "of more bytes"
+    raise ApiError(f"{what}: the answer's body {size} is over the limit of {limit}", resp.status, retryable=True)
+
+
+def _decode(resp: Response, what: str, limit: int = OBJECT_LIMIT) -> dict[str, Any]:
+    """The body (`_body`) as a JSON object."""
+    body = _body(resp, what, limit)
     try:
-        obj = json.loads(resp.read())
-    except (ValueError, TypeError) as exc:
-        raise ApiError(f"{what}: response is not JSON: {exc}", resp.status, retryable=True) from exc
-    except Exception as exc:
-        raise _error_from(exc, what) from exc
+        obj = json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise ApiError(f"{what}: the answer is not JSON: {exc}", resp.status, retryable=True) from exc
     if not isinstance(obj, dict):
         raise ApiError(f"{what}: response is not a JSON object", resp.status, retryable=True)
     return obj
@@ -132,18 +180,19 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
     def _read(self) -> Iterator[tuple[str, dict[str, Any]]]:
         what = self._what
         try:
-            for line in _lines(self._resp):
+            for line in _lines(self._resp, what):
                 try:
                     event = json.loads(line)
                     etype, obj = event["type"], event["object"]
                 except (ValueError, KeyError, TypeError) as exc:
-                    raise ApiError(f"{what}: malformed event: {line[:200]}", retryable=True) from exc
+                    raise ApiError(f"{what}: malformed event: {shown(line, _DETAIL)}", retryable=True) from exc
                 if not isinstance(obj, dict) or not isinstance(etype, str):
-                    raise ApiError(f"{what}: malformed event: {line[:200]}", retryable=True)
+                    raise ApiError(f"{what}: malformed event: {shown(line, _DETAIL)}", retryable=True)
                 if etype == "ERROR":
                     code = obj.get("code")
                     status = code if isinstance(code, int) else 0
-                    raise ApiError(f"{what}: {obj.get('message', 'watch error')}", status, retryable=True)
+                    message = shown(str(obj.get("message", "watch error")), _DETAIL)
+                    raise ApiError(f"{what}: {message}", status, retryable=True)
                 yield etype, obj
         except ApiError:
             raise
@@ -153,18 +202,21 @@ class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
             self._resp.close()  # a half-read stream never goes back to the pool
 
 
-def _lines(resp: Response) -> Iterator[str]:
-    """The non-empty lines of a streamed body, each as soon as its newline arrives."""
+def _lines(resp: Response, what: str) -> Iterator[str]:
+    """The non-empty lines of a streamed body, each as soon as its newline arrives; one event
+    (line) over OBJECT_LIMIT bytes is an ApiError, not a buffer that grows without end."""
     buffer = b""
     for chunk in resp.chunks():
         buffer += chunk
         *lines, buffer = buffer.split(b"\n")
+        if len(buffer) > OBJECT_LIMIT:
+            raise ApiError(f"{what}: a watch event over the limit of {OBJECT_LIMIT} bytes", retryable=True)
         yield from (line.decode(errors="replace") for line in lines if line.strip())
 
 
-def _discard(resp: Response) -> None:
-    """Read the body so that the connection can carry the next request."""
-    resp.read()
+def _discard(resp: Response, what: str) -> None:
+    """Read the body (`_body`) so that the connection can carry the next request."""
+    _body(resp, what, OBJECT_LIMIT)
 
 
 def _answer(sent: Sent, what: str) -> Response:
@@ -193,7 +245,7 @@ class Pending:
         sent, self._sent = self._sent, None
         if sent is not None:
             try:
-                _discard(_answer(sent, self._what))
+                _discard(_answer(sent, self._what), self._what)
             except Exception as exc:
                 self._error = _error_from(exc, self._what)
         return self._error
@@ -214,7 +266,7 @@ class KubeAPI:
     def __init__(self, kubeconfig: str | None = None, timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
         try:
             access = cluster_access(kubeconfig)
-        except (ConfigError, OSError, ValueError) as exc:
+        except (KubeconfigError, OSError, ValueError) as exc:
             raise ApiError(f"cannot load Kubernetes client configuration: {exc}", retryable=False) from exc
         try:
             self._pool = ConnectionPool(
@@ -271,15 +323,15 @@ class KubeAPI:
 
     # -- claims ------------------------------------------------------------------------------
 
-    def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim:
         """The v1 ResourceClaim as the server sent it (camelCase), every field of it: the prepare
         path must see the whole allocation result, and a later read-modify-write must not erase
-        what a client model would have lost."""
+        what a client model would have lost. Of the shape `ResourceClaim`: the server validated it."""
         what = f"get claim {namespace}/{name}"
-        return _decode(self._request("GET", _claim_path(namespace, name), what), what)
+        return cast(ResourceClaim, _decode(self._request("GET", _claim_path(namespace, name), what), what))
 
     def apply_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+        self, namespace: str, name: str, devices: list[AllocatedDeviceStatus], field_manager: str, *, uid: str
     ) -> None:
         """Server-side apply of `status.devices` (docs/reference/resource-api.md, 'Writing claim status').
 
@@ -292,7 +344,7 @@ class KubeAPI:
         self.send_claim_status(namespace, name, devices, field_manager, uid=uid).result()
 
     def send_claim_status(
-        self, namespace: str, name: str, devices: list[dict[str, Any]], field_manager: str, *, uid: str
+        self, namespace: str, name: str, devices: list[AllocatedDeviceStatus], field_manager: str, *, uid: str
     ) -> Pending:
         """`apply_claim_status`, sent now and answered by `Pending.result`: a prepare writes its
         files while the server applies."""
@@ -314,7 +366,7 @@ class KubeAPI:
         """This node's slices of `driver`, and the list's resourceVersion to start a watch from."""
         what = f"list slices of {driver} on {node_name}"
         query = {"fieldSelector": _slice_selector(node_name, driver)}
-        obj = _decode(self._request("GET", _SLICES, what, query=query), what)
+        obj = _decode(self._request("GET", _SLICES, what, query=query), what, LIST_LIMIT)
         items = obj.get("items") or []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise ApiError(f"{what}: malformed list", retryable=True)
@@ -361,20 +413,20 @@ class KubeAPI:
             resp = self._request("DELETE", f"{_SLICES}/{_q(name)}", what, body=body)
         except NotFound:
             return
-        _discard(resp)
+        _discard(resp, what)
 
     # -- events ------------------------------------------------------------------------------
 
     def create_event(self, namespace: str, body: dict[str, Any]) -> None:
         """POST an events.k8s.io/v1 Event (`driver.events` builds it)."""
         what = f"create event in {namespace}"
-        _discard(self._request("POST", _events_path(namespace), what, body=body))
+        _discard(self._request("POST", _events_path(namespace), what, body=body), what)
 
     def patch_event(self, namespace: str, name: str, patch: dict[str, Any]) -> None:
         """A JSON merge patch of an Event: a repeat raises its `series` count."""
         what = f"patch event {namespace}/{name}"
         path = f"{_events_path(namespace)}/{_q(name)}"
-        _discard(self._request("PATCH", path, what, body=patch, content_type="application/merge-patch+json"))
+        _discard(self._request("PATCH", path, what, body=patch, content_type="application/merge-patch+json"), what)
 
 
 _SLICES = f"/apis/{API_VERSION}/resourceslices"

@@ -13,6 +13,9 @@ loopback). What a node daemon needs of a transport is here, and only that:
 * a server URL with a path (a proxy in front of several clusters, e.g. Rancher's
   `https://rancher/k8s/clusters/c-1`): every request's path is put under it, as client-go does;
 * up to `maxsize` idle connections kept, more opened when needed and closed after use;
+* a body read up to a cap the caller names (`Response.read`), a Retry-After within
+  `RETRY_AFTER_MAX` (`Response.retry_after`), and what failed said in words (`failure`): what a
+  server answers is a stranger's word;
 * a kept connection the server has closed meanwhile (idle timeout, restart) is noticed before it
   is used; if the server closes it in the instant between that check and the request, the request
   is sent again on a fresh connection when repeating it is harmless: never for a POST, which may
@@ -22,21 +25,37 @@ loopback). What a node daemon needs of a transport is here, and only that:
 from __future__ import annotations
 
 import base64
+import email.utils
 import http.client
 import select
 import socket
+import ssl
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC
 from urllib.parse import SplitResult, unquote, urlsplit
 
 from driver.kube.kubeconfig import TlsSettings
+from driver.untrusted import shown
 
 # What a kept connection closed by the server raises at the next request, before any answer.
 _STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError, ConnectionAbortedError)
 _CHUNK = 64 * 1024
 # A request as sent: method, target, body, headers, read timeout.
 _Request = tuple[str, str, bytes | None, dict[str, str], float | None]
+# The longest wait a Retry-After header may ask: a server's word cannot stall the driver longer.
+RETRY_AFTER_MAX = 30.0
+# What failed, in words, by the exception that says so: the first that matches (the order matters:
+# RemoteDisconnected is a ConnectionResetError and an HTTPException, TLS errors are OSErrors).
+_FAILURES: tuple[tuple[type[BaseException], str], ...] = (
+    (ssl.SSLError, "TLS failed"),
+    (ConnectionRefusedError, "connection refused"),
+    (http.client.RemoteDisconnected, "the server closed the connection without an answer"),
+    (TimeoutError, "no answer in time"),
+    (http.client.HTTPException, "not a valid HTTP answer"),
+)
 
 
 @dataclass(frozen=True)
@@ -72,19 +91,44 @@ class Response:
         self._conn: http.client.HTTPConnection | None = conn
         self._resp = resp
         self.status = resp.status
-        self.reason = resp.reason
 
-    def read(self) -> bytes:
-        """The whole body; the connection goes back to the pool (or is closed, on any failure or
-        when the server said it closes)."""
+    @property
+    def length(self) -> int | None:
+        """The body's length as its Content-Length declares it, None when undeclared (chunked, or
+        until the server closes)."""
+        return self._resp.length
+
+    @property
+    def retry_after(self) -> float:
+        """The seconds the answer's Retry-After header asks to wait (RFC 9110: a number of
+        seconds or an HTTP date), within 0..RETRY_AFTER_MAX; 0 when there is none or it cannot be
+        read."""
+        value = (self._resp.getheader("Retry-After") or "").strip()
+        if value.isascii() and value.isdigit():
+            seconds = float(value)
+        else:
+            try:
+                when = email.utils.parsedate_to_datetime(value)
+            except (TypeError, ValueError):
+                return 0.0
+            seconds = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() - time.time()
+        return min(max(seconds, 0.0), RETRY_AFTER_MAX)
+
+    def read(self, most: int) -> bytes:
+        """The body, its first `most` bytes at most: a server cannot make the reader hold more.
+        The connection goes back to the pool when that was the whole body and the server keeps
+        the connection; it is closed otherwise (the rest unread), on any failure, and when a body
+        ends before its Content-Length (`http.client` would return it short)."""
         try:
-            data = self._resp.read()
+            data = self._resp.read(most)
+            if self._resp.length and len(data) < most:
+                raise http.client.IncompleteRead(data, self._resp.length)
         except BaseException:
             self.close()
             raise
         conn, self._conn = self._conn, None
         if conn is not None:
-            self._pool.put(conn, reusable=not self._resp.will_close)
+            self._pool.put(conn, reusable=self._resp.isclosed() and not self._resp.will_close)
         return data
 
     def chunks(self) -> Iterator[bytes]:
@@ -218,10 +262,12 @@ class ConnectionPool:
     ) -> None:
         """Put the request on the wire (connecting first when `conn` is new); `conn` is closed if that fails."""
         try:
-            if conn.sock is None:
+            sock = conn.sock
+            if sock is None:
                 conn.connect()
-                conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            conn.sock.settimeout(read_timeout or self._timeouts.read)
+                sock = conn.sock
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(read_timeout or self._timeouts.read)
             if self._proxy is not None and not self._https:
                 target = self._origin + target  # a plain-HTTP proxy takes the absolute URL
                 headers = {**headers, **_proxy_auth(self._proxy)}
@@ -258,6 +304,15 @@ class ConnectionPool:
         if self._proxy is not None and self._https:
             conn.set_tunnel(self._host, self._port or http.client.HTTPS_PORT, headers=_proxy_auth(self._proxy))
         return conn
+
+
+def failure(exc: BaseException) -> str:
+    """What a request's exception says failed, in words, then the library's own ("TLS failed:
+    SSLCertVerificationError: ..."); what came from the server (an HTTP status line or header it
+    cannot parse) is shown escaped and bounded."""
+    failed = next((words + ": " for kind, words in _FAILURES if isinstance(exc, kind)), "")
+    text = shown(str(exc), 200) if isinstance(exc, http.client.HTTPException) else str(exc)
+    return f"{failed}{type(exc).__name__}: {text}"
 
 
 def _repeatable(reused: bool, method: str) -> bool:

@@ -30,15 +30,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
-from urllib.request import getproxies, proxy_bypass_environment
+from urllib.request import getproxies, proxy_bypass
 
 import yaml
+
+from driver.errors import InvalidInput
 
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 TOKEN_REREAD_SECONDS = 60.0  # client-go re-reads a token file at most this old
 
 
-class ConfigError(Exception):
+class KubeconfigError(InvalidInput):
     """The configuration cannot be used; the message names the file and field."""
 
 
@@ -61,7 +63,7 @@ class Credentials:
             if time.monotonic() - self._read_at >= TOKEN_REREAD_SECONDS or self._header is None:
                 token = self._token_file.read_text().strip()
                 if not token:
-                    raise ConfigError(f"token file {self._token_file} is empty")
+                    raise KubeconfigError(f"token file {self._token_file} is empty")
                 self._header, self._read_at = f"Bearer {token}", time.monotonic()
             return self._header
 
@@ -107,9 +109,9 @@ def in_cluster(environ: dict[str, str] | None = None, sa_dir: Path = SERVICE_ACC
     env = os.environ if environ is None else environ
     host, port = env.get("KUBERNETES_SERVICE_HOST", ""), env.get("KUBERNETES_SERVICE_PORT", "")
     if not host or not port:
-        raise ConfigError("not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
+        raise KubeconfigError("not in a cluster: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
     if not (sa_dir / "ca.crt").is_file():
-        raise ConfigError(f"service account CA {sa_dir / 'ca.crt'} does not exist")
+        raise KubeconfigError(f"service account CA {sa_dir / 'ca.crt'} does not exist")
     server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
     return ClusterAccess(
         server=server,
@@ -129,9 +131,9 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
         except FileNotFoundError:
             continue  # kubectl skips a listed file that does not exist
         except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
-            raise ConfigError(f"kubeconfig {path}: {e}") from e
+            raise KubeconfigError(f"kubeconfig {path}: {e}") from e
         if not isinstance(doc, dict):
-            raise ConfigError(f"kubeconfig {path}: not a mapping")
+            raise KubeconfigError(f"kubeconfig {path}: not a mapping")
         found.append(path)
         for section, key in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
             for entry in doc.get(section) or []:
@@ -139,15 +141,15 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
                     merged[section].setdefault(entry["name"], (entry.get(key) or {}, path.parent))
         current = current or str(doc.get("current-context") or "")
     if not found:
-        raise ConfigError(f"no kubeconfig file found at {paths}")
+        raise KubeconfigError(f"no kubeconfig file found at {paths}")
     if not current:
-        raise ConfigError(f"kubeconfig {paths}: no current-context")
+        raise KubeconfigError(f"kubeconfig {paths}: no current-context")
     context, _ = _entry(merged, "contexts", current)
     cluster, cluster_dir = _entry(merged, "clusters", str(context.get("cluster") or ""))
     user, user_dir = _entry(merged, "users", str(context.get("user") or "")) if context.get("user") else ({}, Path())
     server = str(cluster.get("server") or "").rstrip("/")
     if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).netloc:
-        raise ConfigError(f"kubeconfig {paths}: cluster {context.get('cluster')!r} has no valid server URL")
+        raise KubeconfigError(f"kubeconfig {paths}: cluster {context.get('cluster')!r} has no valid server URL")
     return ClusterAccess(
         server=server,
         credentials=_credentials(user, user_dir, paths),
@@ -156,20 +158,22 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
     )
 
 
-def _entry(merged: dict[str, dict[str, tuple[dict[str, Any], Path]]], section: str, name: str) -> tuple[dict, Path]:
+def _entry(
+    merged: dict[str, dict[str, tuple[dict[str, Any], Path]]], section: str, name: str
+) -> tuple[dict[str, Any], Path]:
     try:
         entry, base = merged[section][name]
     except KeyError:
-        raise ConfigError(f"kubeconfig: {section[:-1]} {name!r} is not defined") from None
+        raise KubeconfigError(f"kubeconfig: {section[:-1]} {name!r} is not defined") from None
     if not isinstance(entry, dict):
-        raise ConfigError(f"kubeconfig: {section[:-1]} {name!r} is not a mapping")
+        raise KubeconfigError(f"kubeconfig: {section[:-1]} {name!r} is not a mapping")
     return entry, base
 
 
 def _credentials(user: dict[str, Any], base: Path, paths: str) -> Credentials:
     for plugin in ("exec", "auth-provider"):
         if user.get(plugin):
-            raise ConfigError(
+            raise KubeconfigError(
                 f"kubeconfig {paths}: the user's {plugin!r} credential plugin is not supported by "
                 "tandem-driver; give it a client certificate, token or tokenFile"
             )
@@ -193,7 +197,7 @@ def _tls(cluster: dict[str, Any], cluster_dir: Path, user: dict[str, Any], user_
     cert = _file_or_data(user, "client-certificate", user_dir)
     key = _file_or_data(user, "client-key", user_dir)
     if (cert is None) != (key is None):
-        raise ConfigError("kubeconfig: a client certificate needs both client-certificate and client-key")
+        raise KubeconfigError("kubeconfig: a client certificate needs both client-certificate and client-key")
     name = str(cluster["tls-server-name"]) if cluster.get("tls-server-name") else None
     return TlsSettings(verify=verify, ca_file=ca_file, ca_data=ca_data, cert_file=cert, key_file=key, server_name=name)
 
@@ -212,7 +216,7 @@ def _b64(value: object, what: str) -> bytes:
     try:
         return base64.b64decode(str(value), validate=True)
     except ValueError as e:
-        raise ConfigError(f"kubeconfig: {what} is not base64: {e}") from None
+        raise KubeconfigError(f"kubeconfig: {what} is not base64: {e}") from None
 
 
 def _env_proxy(server: str) -> str | None:
@@ -222,7 +226,7 @@ def _env_proxy(server: str) -> str | None:
     host = urlsplit(server).hostname or ""
     proxies = getproxies()
     proxy = proxies.get(urlsplit(server).scheme)
-    if not proxy or proxy_bypass_environment(host) or _in_ranges(host, proxies.get("no", "")):
+    if not proxy or proxy_bypass(host) or _in_ranges(host, proxies.get("no", "")):
         return None
     return proxy
 

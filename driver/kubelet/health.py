@@ -28,6 +28,7 @@ from typing import Protocol
 
 import grpc
 
+from driver.errors import EndpointError
 from driver.inventory import Inventory
 from driver.kubelet.api.dra_health.v1 import api_pb2 as v1_pb2
 from driver.kubelet.api.dra_health.v1 import api_pb2_grpc as v1_grpc
@@ -91,7 +92,7 @@ class StreamContext(Protocol):
     def add_callback(self, callback: Callable[[], None]) -> bool: ...
 
 
-class TooManyStreams(Exception):
+class TooManyStreams(EndpointError):
     """More concurrent streams than `max_streams`: each one holds a gRPC worker thread."""
 
 
@@ -224,7 +225,11 @@ class _HealthServicerBase:
             ]
         )
 
-    def NodeWatchResources(self, request, context: grpc.ServicerContext):
+    def NodeWatchResources(
+        self,
+        request: v1_pb2.NodeWatchResourcesRequest | v1alpha1_pb2.NodeWatchResourcesRequest,
+        context: grpc.ServicerContext,
+    ) -> Iterator[object]:
         log.info("health stream opened (%s)", self.pb2.DESCRIPTOR.package)
         try:
             for snapshot in self._broadcaster.watch(context):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import grpc
 
+from driver.errors import EndpointError
 from driver.kubelet.api.dra.v1 import api_pb2 as dra_pb2
 from driver.kubelet.api.dra.v1 import api_pb2_grpc as dra_grpc
 from driver.kubelet.api.pluginregistration.v1 import api_pb2 as reg_pb2
@@ -18,7 +19,7 @@ from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.kubelet.registration import PLUGIN_TYPE
 
 
-class NotAlive(Exception):
+class NotAlive(EndpointError):
     pass
 
 
@@ -26,7 +27,7 @@ def check(reg_socket: Path, driver_name: str, timeout: float = 5.0) -> str:
     """Returns the DRA endpoint on success; raises NotAlive saying which step failed."""
     try:
         with grpc.insecure_channel(f"unix://{reg_socket}") as ch:
-            info = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
+            info: reg_pb2.PluginInfo = reg_grpc.RegistrationStub(ch).GetInfo(reg_pb2.InfoRequest(), timeout=timeout)
     except grpc.RpcError as e:
         raise NotAlive(f"GetInfo on {reg_socket} failed: {e.code().name} {e.details()}") from e
     if info.type != PLUGIN_TYPE or info.name != driver_name:

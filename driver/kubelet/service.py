@@ -26,8 +26,13 @@ log = logging.getLogger(__name__)
 DRA_SERVICES = ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
 
 
-def _refs(request: object) -> list[ClaimRef]:
-    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]  # type: ignore[attr-defined]
+# The requests of both versions: the same fields. The answers are built from `pb2`, the version's module.
+PrepareRequest = v1_pb2.NodePrepareResourcesRequest | v1beta1_pb2.NodePrepareResourcesRequest
+UnprepareRequest = v1_pb2.NodeUnprepareResourcesRequest | v1beta1_pb2.NodeUnprepareResourcesRequest
+
+
+def _refs(request: PrepareRequest | UnprepareRequest) -> list[ClaimRef]:
+    return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
 # observe(op, seconds, claims, errors): feeds the prepare/unprepare metrics.
@@ -46,7 +51,7 @@ class _DRAPluginBase:
         self._preparer = preparer
         self._observe = observe
 
-    def NodePrepareResources(self, request, context: grpc.ServicerContext):
+    def NodePrepareResources(self, request: PrepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
         t0 = time.monotonic()
         results = self._preparer.prepare(refs, alive=context.is_active)
@@ -69,7 +74,7 @@ class _DRAPluginBase:
                     dev.share_id = d.share_id
         return resp
 
-    def NodeUnprepareResources(self, request, context: grpc.ServicerContext):
+    def NodeUnprepareResources(self, request: UnprepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
         t0 = time.monotonic()
         errors = self._preparer.unprepare(refs)

@@ -51,6 +51,8 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from driver.errors import NodeError
+
 log = logging.getLogger(__name__)
 
 # Directories (relative to the driver root) where distributions install the driver's 64-bit
@@ -119,7 +121,7 @@ class DriverFiles:
         return self.libraries + self.binaries + self.firmware
 
 
-class OutsideRoot(Exception):
+class OutsideRoot(NodeError):
     """A path leaves the driver root or cannot be resolved inside it."""
 
 

@@ -2,7 +2,8 @@
 whether they carry the default route, and an event socket for link and address changes.
 
 Netlink is read, and written in one case only: an exclusive NIC that came back from a pod gets
-its host name, MTU and addresses again (`restore_link`, for `driver.claims.nic.homes`). Links come from
+its host name, MTU, MAC and addresses again (`restore_link`, and `rename_link` to move one out of
+another's way, for `driver.claims.nic.homes`). Links come from
 one dump per pass, decoded by `rtnl` (cheap:
 a node may have a thousand veths); addresses and routes of the few links discovery asks about
 through a short-lived pyroute2 `IPRoute` per call, so that no pyroute2 state (it runs its own
@@ -11,7 +12,7 @@ because the watchers only need to know *that* something changed, and a raw socke
 `select`ed together with a wake-up pipe.
 
 pyroute2's own `NetlinkError` never leaves this module: every public call turns it into
-`NetlinkFailure`, an `OSError` (with the kernel's errno) that is also a `TandemError`, so callers
+`NetlinkFailure`, an `OSError` (with the kernel's errno) that is also a Tandem `NodeError`, so callers
 catch `OSError` alone and never import pyroute2 (an import-linter contract).
 
 A socket "in" a namespace is made by pyroute2 (a forked child enters the namespace, opens it and
@@ -23,7 +24,6 @@ from __future__ import annotations
 import array
 import errno
 import fcntl
-import functools
 import ipaddress
 import itertools
 import os
@@ -37,7 +37,7 @@ from pyroute2 import IPRoute
 from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
-from driver.errors import TandemError
+from driver.errors import NodeError, translating
 from driver.node import rtnl
 from driver.node.rtnl import Link, LinkState
 
@@ -70,21 +70,13 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class NetlinkFailure(TandemError, OSError):
+class NetlinkFailure(NodeError, OSError):
     """A netlink request the kernel refused, as an OSError carrying the kernel's errno."""
 
 
 def _door(call: Callable[P, R]) -> Callable[P, R]:
     """pyroute2's NetlinkError out of `call` becomes a NetlinkFailure with the same errno."""
-
-    @functools.wraps(call)
-    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
-        try:
-            return call(*args, **kwargs)
-        except NetlinkError as e:
-            raise NetlinkFailure(e.code, f"netlink: {e}") from e
-
-    return translated
+    return translating(call, NetlinkError, lambda e: NetlinkFailure(e.code, f"netlink: {e}"))
 
 
 @dataclass(frozen=True)
@@ -253,7 +245,7 @@ def read_links(chosen: Iterable[Link], everything: Mapping[int, Link], netns: st
     return Snapshot(links=links, uplinks=uplinks)
 
 
-def _default_route_links(routes: list) -> frozenset[int]:
+def _default_route_links(routes: list[Any]) -> frozenset[int]:
     best: dict[int, tuple[int, set[int]]] = {}  # family -> (metric, oifs)
     for r in routes:
         metric = int(r.get("priority") or 0)
@@ -268,33 +260,73 @@ def _default_route_links(routes: list) -> frozenset[int]:
     return frozenset(i for _, oifs in best.values() for i in oifs)
 
 
+@dataclass(frozen=True)
+class LinkHome:
+    """What a netdev was on the host before it went into a pod, for `restore_link`."""
+
+    name: str
+    mtu: int = 0  # 0: keep the one it has
+    mac: str = ""  # "": keep the one it has
+    addresses: tuple[str, ...] = ()  # its global addresses (CIDR): exactly these
+
+
 @_door
-def restore_link(name: str, home: str, mtu: int, addresses: Iterable[str], netns: str | None = None) -> None:
-    """Give the netdev `name` the name `home`, `mtu` (0: keep) and every one of `addresses` (CIDR)
-    it lacks, and set it up: as the host had it before it went into a pod. A rename needs the link
-    down. Raises OSError (a NetlinkFailure where the kernel refused a request) on failure."""
+def restore_link(name: str, home: LinkHome, netns: str | None = None) -> None:
+    """Make the netdev `name` what the host had before it went into a pod (`home`): its name, MTU
+    and MAC, up, and exactly `home.addresses` as its global addresses: any other (a tenant's) is
+    removed, link-local ones are the kernel's and stay. A rename and most drivers' MAC change need
+    the link down. Raises OSError (a NetlinkFailure where the kernel refused a request): ENODEV
+    when there is no netdev `name`, EEXIST when another netdev has the name `home.name`."""
     ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
     try:
-        (index,) = ipr.link_lookup(ifname=name) or [0]
-        if not index:
-            raise OSError(errno.ENODEV, f"no netdev {name!r}")
-        if name != home:
+        index = _index_of(ipr, name)
+        holders = ipr.link_lookup(ifname=home.name)
+        if holders and holders != [index]:
+            raise NetlinkFailure(errno.EEXIST, f"the name {home.name!r} is taken by another netdev")
+        (link,) = ipr.get_links(index)
+        new_mac = bool(home.mac) and str(link.get_attr("IFLA_ADDRESS") or "").lower() != home.mac
+        if name != home.name or new_mac:
             ipr.link("set", index=index, state="down")
-            ipr.link("set", index=index, ifname=home)
-        if mtu:
-            ipr.link("set", index=index, mtu=mtu)
+        if name != home.name:
+            ipr.link("set", index=index, ifname=home.name)
+        if new_mac:
+            ipr.link("set", index=index, address=home.mac)
+        if home.mtu and link.get_attr("IFLA_MTU") != home.mtu:
+            ipr.link("set", index=index, mtu=home.mtu)
         ipr.link("set", index=index, state="up")
+        wanted = {ipaddress.ip_interface(a) for a in home.addresses}
         have = {
-            str(ipaddress.ip_interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}"))
+            ipaddress.ip_interface(f"{a.get_attr('IFA_LOCAL') or a.get_attr('IFA_ADDRESS')}/{a['prefixlen']}")
             for a in ipr.get_addr(index=index)
+            if a["scope"] == RT_SCOPE_UNIVERSE
         }
-        for cidr in addresses:
-            address = ipaddress.ip_interface(cidr)
-            if str(address) not in have:
-                flags = {"IFA_FLAGS": 0x2} if address.version == 6 else {}  # IFA_F_NODAD: usable at once
-                ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen, **flags)
+        for address in sorted(have - wanted, key=str):
+            ipr.addr("del", index=index, address=str(address.ip), prefixlen=address.network.prefixlen)
+        for address in sorted(wanted - have, key=str):
+            flags = {"IFA_FLAGS": 0x2} if address.version == 6 else {}  # IFA_F_NODAD: usable at once
+            ipr.addr("add", index=index, address=str(address.ip), prefixlen=address.network.prefixlen, **flags)
     finally:
         ipr.close()
+
+
+@_door
+def rename_link(name: str, new: str, netns: str | None = None) -> None:
+    """Rename the netdev `name` to `new`, setting it down (a rename needs that). Raises OSError as
+    `restore_link` does."""
+    ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+    try:
+        index = _index_of(ipr, name)
+        ipr.link("set", index=index, state="down")
+        ipr.link("set", index=index, ifname=new)
+    finally:
+        ipr.close()
+
+
+def _index_of(ipr: IPRoute, name: str) -> int:
+    (index,) = ipr.link_lookup(ifname=name) or [0]
+    if not index:
+        raise OSError(errno.ENODEV, f"no netdev {name!r}")
+    return int(index)
 
 
 def namespace_name(netns: str | None) -> str:
@@ -305,7 +337,10 @@ def namespace_name(netns: str | None) -> str:
 def _raw_socket(netns: str | None) -> socket.socket:
     """An rtnetlink socket in `netns` (never created here), or in the caller's namespace."""
     if netns:
-        return pyroute2_netns.create_socket(netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE, flags=0)
+        sock: socket.socket = pyroute2_netns.create_socket(
+            netns, socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE, flags=0
+        )
+        return sock
     return socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
 
 

@@ -15,6 +15,14 @@ of NVML. So every nvmlInit of the process goes through one `NvmlAccess`, which c
 release refuses new inits, has the holders shut down and waits until the count is zero, and no
 init succeeds again until the reacquire. No thread initialises NVML behind the SRE's back: the
 refusal is here, in the one door.
+
+NVML's exceptions stay here too: what `init_nvml` hands out is an `NvmlDoor`, the `pynvml` module
+as the driver sees it, whose `nvml*` functions raise `NvmlError` (with NVML's return code as
+`value`, and NVML's message) where the library raises its `NVMLError`; its constants and ctypes
+structures are the library's own. So nothing outside this module names `NVMLError`, and the
+simulation's fake `pynvml` passes through the same door as the real one. A function is wrapped on
+its first use and kept in the door, so the health thread's frequent calls cost one Python frame
+more each.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from pathlib import Path, PurePosixPath
 from types import ModuleType
 from typing import Any
 
+from driver.errors import DeviceError, NodeError, translating
 from driver.node.driver_root import LIBRARY_DIRS, OutsideRoot, resolve_in_root
 
 log = logging.getLogger(__name__)
@@ -47,7 +56,7 @@ ERROR_LIB_RM_VERSION_MISMATCH = 18  # the loaded library is not the kernel modul
 REINIT_ERRORS = frozenset({1, 9, 12, ERROR_LIB_RM_VERSION_MISMATCH})
 
 
-class NvmlUnavailable(Exception):
+class NvmlUnavailable(NodeError):
     """NVML cannot be used at all right now (no library, driver not loaded, init failed)."""
 
     def __init__(self, reason: str) -> None:
@@ -59,8 +68,40 @@ class NvmlReleased(NvmlUnavailable):
     """An SRE released NVML or a GPU (`tandemctl release`); this init must wait for a reacquire."""
 
 
-class DeviceSkipped(Exception):
+class DeviceSkipped(DeviceError):
     """NVML cannot identify this device, so it is not published; args are (where, why)."""
+
+
+class NvmlError(DeviceError):
+    """An NVML call failed: `value` is NVML's return code (the ERROR_* constants here, or the
+    door's NVML_ERROR_*), the message NVML's string for it."""
+
+    def __init__(self, value: int, message: str) -> None:
+        super().__init__(message)
+        self.value = value
+
+
+class NvmlDoor(ModuleType):
+    """The `pynvml` module `library` with NVML's exceptions kept in (the module docstring): an
+    `nvml*` function raises `NvmlError` for the library's `NVMLError`; anything else is the
+    library's. `NVMLError` itself is not offered, so that no caller catches what never comes."""
+
+    def __init__(self, library: ModuleType) -> None:
+        super().__init__(library.__name__, library.__doc__)
+        self._library = library
+
+    def __getattr__(self, name: str) -> Any:  # only for names not yet in the door's namespace
+        if name.startswith("NVMLError"):
+            raise AttributeError(f"the NVML door raises driver.node.nvml.NvmlError, not pynvml.{name}")
+        value = getattr(self._library, name)
+        if name.startswith("nvml") and callable(value) and not isinstance(value, type):
+            value = translating(value, self._library.NVMLError, _nvml_error)
+            setattr(self, name, value)  # wrapped once; found without __getattr__ from now on
+        return value
+
+
+def _nvml_error(e: Any) -> NvmlError:
+    return NvmlError(int(e.value), str(e))
 
 
 def preload_nvml(driver_root: Path) -> Path | None:
@@ -132,10 +173,10 @@ class NvmlAccess:
             return self._open
 
     def init(self, driver_root: Path) -> ModuleType:
-        """The `pynvml` module, initialised; NvmlReleased while NVML is released, NvmlUnavailable
-        (with the reason) when NVML cannot be initialised."""
+        """The `pynvml` module behind its door (`NvmlDoor`), initialised; NvmlReleased while NVML
+        is released, NvmlUnavailable (with the reason) when NVML cannot be initialised."""
         try:
-            nvml = importlib.import_module("pynvml")
+            nvml = NvmlDoor(importlib.import_module("pynvml"))
         except ImportError as e:
             raise NvmlUnavailable(f"the pynvml module cannot be imported: {e}") from e
         with self._cond:  # held through nvmlInit, so a release never misses an init in flight
@@ -144,7 +185,7 @@ class NvmlAccess:
             preload_nvml(driver_root)
             try:
                 nvml.nvmlInit()
-            except nvml.NVMLError as e:
+            except NvmlError as e:
                 why = f"nvmlInit failed: {e}"
                 if e.value == ERROR_LIB_RM_VERSION_MISMATCH:  # a process keeps the library it loaded
                     why += "; the driver was upgraded under this process: restart it to load the new library"
@@ -156,7 +197,7 @@ class NvmlAccess:
         """The other half of `init`; a failure is logged, never raised (it is always cleanup)."""
         try:
             nvml.nvmlShutdown()
-        except nvml.NVMLError as e:
+        except NvmlError as e:
             log.warning("nvmlShutdown failed: %s", e)
         with self._cond:
             self._open -= 1  # this init is matched whether or not the library agreed
@@ -197,11 +238,11 @@ def shutdown_nvml(nvml: ModuleType) -> None:
     NVML_ACCESS.shutdown(nvml)
 
 
-def optional(nvml: ModuleType, where: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+def optional(where: str, what: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Call NVML for a property the device can be published without; None (logged) when it fails."""
     try:
         return fn(*args)
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         log.warning("%s: %s failed (%s); publishing without %s", where, fn.__name__, e, what)
         return None
 

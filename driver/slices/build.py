@@ -13,7 +13,7 @@ import re
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from driver.model import NUMA_NODE, CounterSet, Device, RequestPolicy, attribute_to_api
+from driver.model import NUMA_NODE, AttrValue, CounterSet, Device, RequestPolicy, attribute_to_api
 from driver.resource_api import API_VERSION, MAX_COUNTER_SETS, MAX_DEVICES_ADVANCED, rfc3339
 
 # generateName longer than this is cut by the apiserver (63 - 5 random characters).
@@ -198,7 +198,7 @@ def scalar_attributes(device: Device, scalar_capable: Collection[str]) -> Device
 
     A scalar-capable list attribute keeps its first element; any other list attribute is dropped.
     """
-    attrs = {}
+    attrs: dict[str, AttrValue] = {}
     for name, value in device.attributes.items():
         if not isinstance(value, tuple):
             attrs[name] = value

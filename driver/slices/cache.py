@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kube.api import KubeAPI, SliceWatch
+from driver.kube.api import KubeAPI, SliceWatch, retry_after
 from driver.slices.build import metadata
 
 log = logging.getLogger(__name__)
@@ -176,11 +176,12 @@ class LiveSlices:
                 if self._stop.is_set():
                     return
                 log.info("ResourceSlice watch failed (%s); listing again", exc)
-                self._stop.wait(backoff.next())
+                self._stop.wait(backoff.next(retry_after(exc)))
                 try:
                     rv = self.relist()
                 except Exception as list_exc:
                     log.warning("listing ResourceSlices failed: %s", list_exc)
+                    self._stop.wait(backoff.next(retry_after(list_exc)))
                 continue
             # The server ended the watch. Resume from the last version seen; a server that keeps
             # closing watches at once must not turn this into a busy loop.

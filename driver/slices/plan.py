@@ -100,10 +100,10 @@ def _canon_content(spec: object) -> tuple[list[Any], list[Any]]:
     return _canon_devices(spec), _canon_shared(spec)
 
 
-def _canon_spec(spec: object) -> Any:
+def _canon_spec(spec: object) -> dict[str, Any] | None:
     if not isinstance(spec, dict):
         return None
-    out = dict(_prune(dict(spec)))
+    out: dict[str, Any] = dict(_prune(dict(spec)))
     out["devices"] = _canon_devices(spec)
     out["sharedCounters"] = _canon_shared(spec)
     if out.get("allNodes") is False:
@@ -152,7 +152,7 @@ def _with_pool(body: dict[str, Any], generation: int, count: int) -> dict[str, A
 
 
 def _device_names(obj: Mapping[str, Any]) -> set[str]:
-    return {d.get("name") for d in spec_devices(obj.get("spec")) if isinstance(d.get("name"), str)}
+    return {name for d in spec_devices(obj.get("spec")) if isinstance(name := d.get("name"), str)}
 
 
 def plan(desired: Sequence[dict[str, Any]], live: Sequence[Mapping[str, Any]]) -> Plan:

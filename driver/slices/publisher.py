@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound
+from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound, retry_after
 from driver.model import Device
 from driver.slices.build import (
     SCALAR_CAPABLE_LIST_ATTRIBUTES,
@@ -219,7 +219,7 @@ class SlicePublisher:
                 break
             except Exception as exc:  # never let the publisher thread die: retry everything
                 log.warning("resolving node %s failed (will retry): %s", self._node, exc)
-                self._stop.wait(backoff.next())
+                self._stop.wait(backoff.next(retry_after(exc)))
         backoff.reset()
         rv = ""
         while not self._stop.is_set():
@@ -228,7 +228,7 @@ class SlicePublisher:
                 break
             except Exception as exc:
                 log.warning("listing ResourceSlices failed (will retry): %s", exc)
-                self._stop.wait(backoff.next())
+                self._stop.wait(backoff.next(retry_after(exc)))
         if self._stop.is_set():
             return
         self._cache.start_watch(rv)
@@ -245,7 +245,7 @@ class SlicePublisher:
                 if isinstance(exc, ApiError) and self._lists_rejected(exc):
                     continue
                 relist = isinstance(exc, (Conflict, NotFound))
-                delay = backoff.next()
+                delay = backoff.next(retry_after(exc))
                 log.warning("publishing ResourceSlices failed (retry in %.1fs): %s", delay, exc)
                 with self._cond:
                     self._stats.errors += 1

@@ -767,7 +767,8 @@ def nvmlDeviceGetPciInfo(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:
 # The GPU's profile table (`mig_profiles`, a sim.profile.MigProfileSpec per profile) is its NVML
 # geometry. A GPU instance occupies `size` memory slices from a possible placement `start`; NVML
 # refuses one that overlaps another (INSUFFICIENT_RESOURCES), one over its profile's instanceCount,
-# one that needs more compute slices or OFA engines than are left, a placement the profile does not
+# one that needs more compute slices or media engines (decoders, encoders, JPEG, OFA: the GPU has
+# as many of each as the profile holding the most) than are left, a placement the profile does not
 # have (INVALID_ARGUMENT), and anything while MIG mode is off (NOT_SUPPORTED). Its ID is the GPU's
 # hardware slot for that memory span (swizzle ID: 0 the whole GPU; 1-2 halves; 3-6 quarters; 7-14
 # eighths), as `nvidia-smi mig -lgi` shows. A compute instance makes the MIG device (UUID, name,
@@ -1136,8 +1137,10 @@ def _check_placement(gpu: dict[str, Any], spec: dict[str, Any], start: int) -> N
     whole = max(_table(gpu), key=lambda p: p["slices"])
     if sum(_gi_slices(m["profile"]) for m, _ in gis) + spec["slices"] > whole["slices"]:
         _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
-    if spec["ofa"] and sum(p["ofa"] for _, p in gis if p is not None) + spec["ofa"] > whole["ofa"]:
-        _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
+    for engine in ("decoders", "encoders", "jpeg", "ofa"):
+        have = max(p[engine] for p in _table(gpu))
+        if spec[engine] and sum(p[engine] for _, p in gis if p is not None) + spec[engine] > have:
+            _raise(NVML_ERROR_INSUFFICIENT_RESOURCES)
 
 
 def _create_gi(func: str, device: c_nvmlDevice_t, profile_id: int, start: int | None) -> Any:

@@ -167,3 +167,9 @@ def test_admission_policy_confines_the_driver_to_its_node(cluster: Cluster, depl
             "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"generateName": "e2e-"},
             "spec": {"driver": "tandem.dev", "nodeName": "other-node", "pool": {"name": "other-node",
                      "generation": 1, "resourceSliceCount": 1}, "devices": []}}))  # fmt: skip
+    # Nor another DRA driver's slices of its own node.
+    with pytest.raises(Exception, match=r"may not modify ResourceSlices of driver 'other\.example\.com'"):
+        cluster.kubectl("create", "--dry-run=server", "-f", "-", *as_driver, stdin=yaml.safe_dump({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"generateName": "e2e-"},
+            "spec": {"driver": "other.example.com", "nodeName": cluster.node_name, "pool": {
+                     "name": cluster.node_name, "generation": 1, "resourceSliceCount": 1}, "devices": []}}))  # fmt: skip

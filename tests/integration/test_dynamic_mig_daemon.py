@@ -26,6 +26,7 @@ from sim.scheduler import Request, allocate, attribute, claim_object, published_
 
 XID = 0x0000000000000008  # nvmlEventTypeXidCriticalError
 ONE_G = "gpu-0-mig-1g-10gb-p3"
+ONE_G_STATIC = "gpu-0-mig-1g-10gb-10-0"  # its MIG device by the name a MIG device of no claim has
 
 
 def placement(name: str) -> Request:
@@ -48,11 +49,11 @@ class Node:
         self.kubelet = KubeletSim(self.node.registry)
         self.state = self.node.root / "nvml-state.json"
 
-    def start(self, partitions: bool = True) -> None:
-        self.daemon = self.start_daemon(self.node, "--dynamic-mig", "all")
+    def start(self, partitions: bool = True, dynamic: bool = True) -> None:
+        self.daemon = self.start_daemon(self.node, *(("--dynamic-mig", "all") if dynamic else ()))
         sock = self.kubelet.wait_for_registration_socket(DRIVER, timeout=60)
         assert poll(lambda: registered(self.kubelet, sock), 60), self.daemon.log_text()
-        if partitions:
+        if partitions and dynamic:
             assert poll(lambda: "gpu-0-mig-4g-40gb-p0" in self.names() and self.pool_complete(), 60), (
                 self.daemon.log_text()
             )
@@ -64,6 +65,12 @@ class Node:
     def kill(self) -> None:
         self.daemon.proc.send_signal(signal.SIGKILL)
         self.daemon.proc.wait(timeout=30)
+
+    def drop_slices(self) -> None:
+        """The node's ResourceSlices gone, so that what the next start shows is its own publishing."""
+        for s in self.apiserver.list("resourceslices"):
+            if s["spec"].get("nodeName") == "node-a":
+                self.apiserver.delete("resourceslices", s["metadata"]["name"])
 
     def names(self) -> set[str]:
         return {d["name"] for d in published_devices(self.apiserver, DRIVER, "node-a")}
@@ -178,6 +185,30 @@ def test_kill_while_destroying_a_partition(node: Node, step: str) -> None:
     node.start()  # the unprepare that lost its files is finished: no partition, no record
     assert node.instances() == [] and node.checkpoint() == {} and node.specs(ref) == []
     assert node.kubelet.unprepare([ref]) == {ref.uid: ""}  # the kubelet's retry finds nothing to do
+
+
+def test_a_lost_checkpoint_and_a_restart_without_dynamic_mig_keep_tandems_gpu_instance_its_claims(node: Node) -> None:
+    """The daemon dies and its checkpoint is lost: the next start publishes the claim's GPU instance
+    as its partition (never as a free MIG device) and rebuilds the claim's record. Restarted without
+    `--dynamic-mig`, it publishes no MIG device of GPU 0 (its one GPU instance is Tandem's), and the
+    kubelet's unprepare destroys it."""
+    node.start()
+    ref = node.claim("c", placement(ONE_G))
+    assert node.kubelet.prepare([ref])[ref.uid].error == ""
+    node.kill()
+    (node.node.plugins / DRIVER / "checkpoint.json").unlink()
+    node.drop_slices()
+
+    node.start()  # waits for its partitions: with 1g.10gb taken by a stranger, 4g.40gb-p0 is withheld
+    assert ONE_G_STATIC not in node.names()
+    assert node.checkpoint()[ref.uid]["state"] == "PrepareCompleted", node.daemon.log_text()
+    assert node.instances() == [("1g.10gb", 10, 0)]
+    node.kill()
+
+    node.start(dynamic=False)
+    assert poll(lambda: node.names() == {"gpu-1"} and node.pool_complete(), 60), (node.names(), node.daemon.log_text())
+    assert node.kubelet.unprepare([ref]) == {ref.uid: ""}
+    assert node.instances() == [] and node.checkpoint() == {}
 
 
 def test_a_server_that_drops_counters_gets_no_unguarded_partitions(node: Node, apiserver) -> None:

@@ -19,7 +19,7 @@ from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
 from driver.inventory import Inventory
 from driver.model import Health, TaintEffect
-from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
+from driver.node.nvml import NVML_ACCESS, NvmlDoor, NvmlError, NvmlReleased, NvmlUnavailable
 from sim import nvml as sim_nvml
 from sim.profile import NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import render_node
@@ -487,7 +487,7 @@ def test_reading_the_recovery_action_as_drivers_old_and_new_answer(node: Callabl
     profile.gpus[1].recovery_action = None  # a driver before the field: the field says NOT_SUPPORTED
     profile.gpus[2].nvml_errors = {"nvmlDeviceGetFieldValues": 13}  # a library before the call
     n = node(profile)
-    nvml = n.nvml
+    nvml = NvmlDoor(n.nvml)  # the fake as the monitor's session sees it
     nvml.nvmlInit()
     try:
         handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(3)]
@@ -496,7 +496,7 @@ def test_reading_the_recovery_action_as_drivers_old_and_new_answer(node: Callabl
         assert field.nvmlReturn == nvml.NVML_ERROR_NOT_SUPPORTED  # the call itself succeeded
         n.profile.gpus[0].nvml_errors = {"nvmlDeviceGetFieldValues": NVML_ERROR_UNKNOWN}
         n.write()
-        with pytest.raises(nvml.NVMLError):  # any other failure is the caller's to judge
+        with pytest.raises(NvmlError):  # any other failure is the caller's to judge
             read_recovery_action(nvml, handles[0])
     finally:
         nvml.nvmlShutdown()

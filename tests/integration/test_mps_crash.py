@@ -1,5 +1,5 @@
 """kill -9 of Tandem at each step of an MPS control daemon's life, with the daemon as a real
-process: while `nvidia-cuda-mps-control -d` starts the daemon for a claim's prepare (before and
+process: while `nvidia-cuda-mps-control -f` starts the daemon for a claim's prepare (before and
 after it is up), and while the front end tells it to `quit` after the last claim's unprepare
 (before and after). Then a restart: no second daemon and none left behind, every claim prepared
 once. The stand-in control program stops at the chosen step and carries on once its caller is
@@ -70,7 +70,7 @@ class Node:
             except (OSError, IndexError):
                 continue
             pipe = f"CUDA_MPS_PIPE_DIRECTORY={self.mps / 'pipe'}".encode()
-            daemon = CONTROL_PROGRAM.encode() in cmdline and b"-d" in cmdline.split(b"\0")
+            daemon = CONTROL_PROGRAM.encode() in cmdline and {b"-d", b"-f"} & set(cmdline.split(b"\0"))
             if daemon and pipe in environ and state != "Z":
                 out.append(int(proc.name))
         return out

@@ -50,8 +50,8 @@ def test_a_nic_back_from_its_pod_gets_its_name_and_addresses_back(setup, tmp_pat
     _returned(ns, fx, "net1")
     (back,) = disc.discover()
     assert back.nic is not None and back.nic.ifname == "net1" and not back.nic.ipv4
-    assert not homes.restore([back], held={back.nic.pci_address})  # a prepared claim still holds it: wait
-    assert homes.restore([back], held=set())
+    assert not homes.restore(disc.host_netdevs(), held={back.nic.pci_address})  # a claim still holds it: wait
+    assert homes.restore(disc.host_netdevs(), held=set())
     _gid_names(fx, "ens9f0np0")
     (restored,) = disc.discover()
     assert restored.nic is not None and before.nic is not None
@@ -61,7 +61,7 @@ def test_a_nic_back_from_its_pod_gets_its_name_and_addresses_back(setup, tmp_pat
         ("fd30::9/64",),
     )
     assert restored.attributes["mtu"] == 4200 and restored.attributes["state"] == "up"
-    assert json.loads((tmp_path / "data" / FILE).read_text()) == {}  # forgotten once given back
+    assert json.loads((tmp_path / "data" / FILE).read_text()) == {"version": 1, "nics": {}}  # forgotten
 
 
 def test_a_nic_still_in_its_pod_is_remembered_across_restarts(setup, tmp_path: Path) -> None:
@@ -70,8 +70,9 @@ def test_a_nic_still_in_its_pod_is_remembered_across_restarts(setup, tmp_path: P
     (before,) = disc.discover()
     NicHomes(tmp_path / "data", ns).remember([before])
     ip(ns, "link", "del", "ens9f0np0")  # in the pod: not on the host
-    assert not NicHomes(tmp_path / "data", ns).restore(disc.discover(keep=[before.nic.pci_address]), held=set())
-    assert before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())
+    disc.discover(keep=[before.nic.pci_address])
+    assert not NicHomes(tmp_path / "data", ns).restore(disc.host_netdevs(), held=set())
+    assert before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())["nics"]
 
 
 def test_remembering_a_nic_fsyncs_nothing(setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -84,4 +85,6 @@ def test_remembering_a_nic_fsyncs_nothing(setup, tmp_path: Path, monkeypatch: py
     monkeypatch.setattr(os, "fsync", synced.append)
     NicHomes(tmp_path / "data", ns).remember([before])
     assert synced == []
-    assert before.nic is not None and before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())
+    assert (
+        before.nic is not None and before.nic.pci_address in json.loads((tmp_path / "data" / FILE).read_text())["nics"]
+    )

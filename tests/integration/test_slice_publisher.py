@@ -338,6 +338,40 @@ def test_server_errors_are_retried(srv: Any, make_publisher: Callable[..., Slice
     assert len(settled_writes(srv, pub, mark, before)) <= 4
 
 
+def test_a_throttled_write_is_retried_no_sooner_than_the_server_asked(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    """The server's 429 says `Retry-After: 1`; the publisher's own backoff (FAST: from 0.05 s)
+    would write again at once."""
+    srv.faults.inject(method="POST", path=".*resourceslices.*", status=429, count=1)
+    pub = make_publisher(Devices([gpu(i) for i in range(5)]))
+    assert pub.wait_synced(DEADLINE)
+    throttled, retried = [r for r in slice_writes(srv) if r.method == "POST"][:2]
+    assert (throttled.status, retried.status) == (429, 201)
+    assert retried.time - throttled.time >= 1.0
+
+
+def test_a_throttled_watch_is_opened_again_no_sooner_than_the_server_asked(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    """The watch, then the list after it, throttled: each next request waits out the server's
+    `Retry-After: 1`, where the cache's own backoff (FAST: from 0.05 s) would not."""
+    pub = make_publisher(Devices([gpu(i) for i in range(5)]))
+    assert pub.wait_synced(DEADLINE)
+    srv.faults.inject(method="GET", path=".*resourceslices.*", status=429, count=2)
+    srv.faults.close_watches()
+
+    def gets() -> list[Any]:
+        slices = [r for r in srv.requests if r.resource == "resourceslices" and r.method == "GET"]
+        return slices[next((i for i, r in enumerate(slices) if r.status == 429), len(slices)) :]
+
+    assert _poll(lambda: len(gets()) >= 3)
+    watch, relist, again = gets()[:3]
+    assert (watch.verb, watch.status, relist.verb, relist.status) == ("watch", 429, "list", 429)
+    assert relist.time - watch.time >= 1.0
+    assert again.time - relist.time >= 1.0
+
+
 def test_conflict_from_concurrent_writer_is_resolved(srv: Any, make_publisher: Callable[..., SlicePublisher]) -> None:
     devices = Devices([gpu(i) for i in range(5)])
     pub = make_publisher(devices)

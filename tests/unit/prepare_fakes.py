@@ -22,6 +22,7 @@ from driver.claims.allocation import ClaimRef, PrepareSettings
 from driver.claims.checkpoint import Checkpoint, InstanceLock
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
+from driver.claims.gpu.mig_owners import MigOwners
 from driver.claims.metadata import MetadataWriter
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
@@ -170,7 +171,7 @@ def make_preparer(data: Path, cdi_root: Path, api: FakeAPI, instance: str, host:
         lookup_device=host.devices.get,
         driver_files=lambda: host.files,
         files=ClaimFiles(settings, MetadataWriter(data, cdi_root, DRIVER)),
-        partitions=MigPartitions(Path("/"), settings.proc_root),
+        partitions=MigPartitions(Path("/"), settings.proc_root, MigOwners(data, "boot"), instance),
     )
 
 
@@ -180,6 +181,5 @@ def make_reconciler(data: Path, cdi_root: Path, api: FakeAPI, preparer: Preparer
     files = ClaimFiles(settings, MetadataWriter(data, cdi_root, DRIVER))
     checkpoint = Checkpoint(data, "boot")
     instance = InstanceLock(data, f"reconciler-{uuid.uuid4().hex[:8]}")
-    return Reconciler(
-        api, checkpoint, instance, settings, files, preparer.prepare, MigPartitions(Path("/"), settings.proc_root)
-    )
+    partitions = MigPartitions(Path("/"), settings.proc_root, MigOwners(data, "boot"), instance.instance_id)
+    return Reconciler(api, checkpoint, instance, settings, files, preparer.prepare, partitions)

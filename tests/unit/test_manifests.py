@@ -549,6 +549,30 @@ def test_admission_policy_restricts_the_drivers_service_account_to_its_node() ->
     assert "oldObject" in text, "DELETE must be checked against the slice being deleted"
 
 
+def test_admission_policy_pins_the_slices_driver_to_this_one(daemon_config: Config) -> None:
+    """Without the pin the driver's identity could create, replace or delete another DRA driver's
+    slices of its own node. spec.driver is taken from the slice written (CREATE, UPDATE), the slice
+    deleted (DELETE) and the slice an UPDATE replaces, and must be this driver's name in each.
+
+    No CEL evaluator runs here (the simulated API server does not evaluate admission policies):
+    the expressions are pinned as written; the real cluster's API server evaluates them in
+    tests/cluster/test_daemonset.py."""
+    spec = _one(INSTALL, "ValidatingAdmissionPolicy")["spec"]
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+    assert variables["objectDriver"] == (
+        '(request.operation == "DELETE" ? oldObject : object).spec.?driver.orValue("")'
+    )
+    assert variables["oldDriver"] == (
+        'request.operation == "UPDATE" ? oldObject.spec.?driver.orValue("") : variables.objectDriver'
+    )
+    driver = daemon_config.driver_name
+    (pin,) = [v for v in spec["validations"] if "variables.objectDriver" in v["expression"]]
+    assert " ".join(pin["expression"].split()) == (
+        f'variables.objectDriver == "{driver}" && variables.oldDriver == "{driver}"'
+    )
+    assert "may not modify ResourceSlices of driver" in pin["messageExpression"]
+
+
 def test_device_class_selectors_select_this_drivers_devices(daemon_config: Config) -> None:
     driver = daemon_config.driver_name
     for name, cls in DEVICE_CLASSES.items():

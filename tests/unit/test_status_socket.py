@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from driver import ctl
-from driver.claims.checkpoint import STATE_STARTED, ClaimRecord, DeviceRecord
+from driver.claims.checkpoint import ClaimRecord, DeviceRecord
+from driver.claims.vocabulary import PrepareState
 from driver.health.cordon import CordonStore
 from driver.health.gpu_release import GpuReleases
 from driver.inventory import Inventory
@@ -169,11 +170,11 @@ def test_devices(node: Node) -> None:
 
 def test_claims(node: Node) -> None:
     node.prepared["u1"] = _claim("ml", "train", "gpu-0")
-    node.prepared["u0"] = _claim("dev", "half", "gpu-1", state=STATE_STARTED)
+    node.prepared["u0"] = _claim("dev", "half", "gpu-1", state=PrepareState.STARTED)
     status, doc = node.get("/claims")
     assert status == 200
     assert [(c["uid"], c["namespace"], c["name"], c["state"]) for c in doc["claims"]] == [
-        ("u0", "dev", "half", STATE_STARTED),
+        ("u0", "dev", "half", PrepareState.STARTED),
         ("u1", "ml", "train", "PrepareCompleted"),
     ]
     assert doc["claims"][1]["devices"] == [{"requestNames": ["r"], "pool": "node-a", "device": "gpu-0"}]

@@ -12,10 +12,20 @@ after `destroy`, so a kill -9 at any step leaves a record naming what may exist,
 finishes the job. A GPU instance already at the placement, of the placement's profile, is the one
 an interrupted call made and is adopted; a compute instance already in it likewise. A failure
 after this call made the GPU instance destroys it again, so no half-made partition is left behind.
-Only recorded placements are ever destroyed: a MIG device an administrator made is never touched.
+Only what Tandem made is ever destroyed: a MIG device an administrator made is never touched.
 
-NVML calls that change MIG are serialised in this process, and each bumps `generation`, which GPU
-discovery uses to redo a pass that overlapped one (`driver.discovery.gpu`).
+What Tandem made is also noted apart from the records, by device identity (GPU UUID and
+placement) with the claim it was made for (`driver.claims.gpu.mig_owners`): noted before it is
+made, the note dropped after it is destroyed. So a lost checkpoint loses no GPU instance: discovery
+still publishes it as its claim's partition, never as a free MIG device; the claim's prepare, run
+again to rebuild its record, adopts it; the kubelet's unprepare, with or without a record, destroys
+it; and start-up destroys those of claims that are gone (`collect`).
+
+Every MIG change on the node, and every read of the note, holds one lock across the instances of
+a rolling update, and each change bumps `generation`, which GPU discovery uses to redo a pass that
+overlapped one of this process (`driver.discovery.gpu`). Under that lock an instance that rolls back
+what it made re-checks the note first: the other instance may have adopted the GPU instance
+meanwhile (the kubelet turned to it) and handed it to a container, and then it stays.
 """
 
 from __future__ import annotations
@@ -23,16 +33,24 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import logging
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from driver.claims.checkpoint import DeviceRecord
+from driver.claims.gpu.mig_owners import Made, MigOwners
 from driver.discovery.mig import MigReader
+from driver.errors import DeviceError
 from driver.model import Device, MigPlacement
-from driver.node.nvml import ERROR_GPU_IS_LOST, ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED, init_nvml, shutdown_nvml
+from driver.node.nvml import (
+    ERROR_GPU_IS_LOST,
+    ERROR_NOT_FOUND,
+    ERROR_NOT_SUPPORTED,
+    NvmlError,
+    init_nvml,
+    shutdown_nvml,
+)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +61,7 @@ _ERROR_IN_USE = 19
 _GONE = (ERROR_GPU_IS_LOST, ERROR_NOT_FOUND, ERROR_NOT_SUPPORTED)  # GPU gone or out of MIG mode: nothing left
 
 
-class MigError(Exception):
+class MigError(DeviceError):
     """The MIG device cannot be made or destroyed; the message says which and what NVML answered.
     `nothing_left`: a failed make left the node as it was (nothing of it to destroy later)."""
 
@@ -73,45 +91,59 @@ def describe(p: MigPlacement) -> str:
 
 
 class MigPartitions:
-    """`on_change` is called (outside the lock) after every `ensure` and `destroy` that reached NVML."""
+    """`owners`: the note of the GPU instances Tandem made and the node-wide lock of every MIG
+    change (`driver.claims.gpu.mig_owners`); `instance`: this driver instance's ID (`InstanceLock`),
+    the owner it notes. `on_change` is called (outside the lock) after every change that reached NVML."""
 
-    def __init__(self, driver_root: Path, proc_root: Path, on_change: Callable[[], None] = lambda: None) -> None:
+    def __init__(
+        self,
+        driver_root: Path,
+        proc_root: Path,
+        owners: MigOwners,
+        instance: str,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
         self._driver_root = driver_root
         self._proc_root = proc_root
+        self._owners = owners
+        self._instance = instance
         self._on_change = on_change
-        self._lock = threading.Lock()
         self._generation = 0
 
     def generation(self) -> int:
         """How many MIG changes this process started; read without the lock (an int is atomic)."""
         return self._generation
 
-    def realise(self, devices: Sequence[Device], adopt: bool) -> list[Device]:
-        """The devices as a container gets them, their MIG devices made first (`ensure`). When one
-        cannot be made, a call that may not adopt destroys again those it made, and its MigError
-        says whether nothing is left; a call that may adopt leaves all to the claim's record."""
+    def owned(self) -> set[MigPlacement]:
+        """The GPU instances the note says Tandem made or is making: discovery never publishes them
+        as anyone else's (`driver.discovery.dynamic_mig`)."""
+        with self._owners.changing() as notes:
+            return set(notes)
+
+    def realise(self, devices: Sequence[Device], claim: str, adopt: bool, recorded: Callable[[], bool]) -> list[Device]:
+        """The devices of claim `claim` (its UID) as a container gets them, their MIG devices made
+        first (`ensure`). When one cannot be made, a call that may not adopt destroys again those it
+        made (`_roll_back`), and its MigError says whether nothing is left; a call that may adopt
+        leaves all to the claim's record. `recorded`: whether the claim still has its record once
+        they are made; if the claim was unprepared meanwhile (by the other instance of a rolling
+        update, whose destroy came before some of them were made), none of them is kept."""
         out: list[Device] = []
         try:
             for device in devices:
-                out.append(self._realise(device, adopt))
+                out.append(self._realise(device, claim, adopt))
         except MigError as e:
-            clean = e.nothing_left and not adopt
-            for made in placements_of(out) if not adopt else []:
-                try:
-                    self.destroy(made)
-                except MigError as undo:
-                    log.error("%s; it is retried with the claim", undo)
-                    clean = False
-            raise MigError(str(e), nothing_left=clean) from e
+            rolled_back = adopt or self._roll_back(claim, placements_of(out))
+            raise MigError(str(e), nothing_left=e.nothing_left and not adopt and rolled_back) from e
+        if placements_of(out) and not recorded():
+            self.destroy(claim)
+            raise MigError("the claim was unprepared while its MIG devices were made", nothing_left=True)
         return out
 
-    def _realise(self, device: Device, adopt: bool) -> Device:
+    def _realise(self, device: Device, claim: str, adopt: bool) -> Device:
         info = device.gpu
         if info is None or info.placement is None:
             return device
-        if adopt and info.mig_caps and info.mig_gi is not None:
-            return device  # discovery found it made: this claim's, since its record named it first
-        made = self.ensure(info.placement, adopt)
+        made = self.ensure(info.placement, claim, adopt)
         assert made.gpu is not None
         gpu = dataclasses.replace(
             info,
@@ -123,35 +155,118 @@ class MigPartitions:
         )
         return dataclasses.replace(device, gpu=gpu)
 
-    def ensure(self, placement: MigPlacement, adopt: bool) -> Device:
-        """The MIG device of `placement` (as `driver.discovery.mig` reads it), made if missing.
+    def ensure(self, placement: MigPlacement, claim: str, adopt: bool) -> Device:
+        """The MIG device of `placement` for claim `claim` (as `driver.discovery.mig` reads it),
+        made if missing.
 
-        `adopt`: a GPU instance already there may be this claim's own, made by a call a crash or a
-        failure cut short (the claim's record named the placement before this call). Otherwise it
-        is someone else's, made after the scheduler allocated the placement, and the claim fails.
+        A GPU instance already there is the claim's when the note says Tandem made it for this
+        claim (a call that a crash, a failure or a lost checkpoint cut short), or, where the note
+        names none, when `adopt` says the claim's record named the placement before this call. It
+        is then adopted: this instance notes itself as its owner, so that the instance that made it
+        no longer rolls it back. Any other GPU instance there is someone else's, made after the
+        scheduler allocated the placement, and the claim fails.
         """
         try:
-            return self._ensure(placement, adopt)
+            return self._ensure(placement, claim, adopt)
         finally:
             self._on_change()
 
-    def destroy(self, placement: MigPlacement) -> None:
-        """Destroy what exists of `placement`'s MIG device: compute instances, then the GPU instance."""
+    def destroy(self, claim: str, placements: Iterable[MigPlacement] = ()) -> None:
+        """Destroy the MIG devices of claim `claim`, which is gone: those its record names
+        (`placements`) and those the note gives it (its record may have been lost). One the note
+        gives another claim is left to that claim: a record names a placement before its prepare
+        finds out whether the placement is free. MigError when NVML refuses one (those before it
+        are gone); NVML is not even opened for a claim that has none."""
+        placements = tuple(placements)
+        reached = False
         try:
-            self._destroy(placement)
+            with self._owners.changing() as notes:
+                theirs = {p for p, m in notes.items() if m.claim != claim}
+                for p in theirs.intersection(placements):
+                    log.warning("%s is claim %s's, not %s's: left to it", describe(p), notes[p].claim, claim)
+                mine = [p for p, m in notes.items() if m.claim == claim]
+                targets = [p for p in dict.fromkeys([*placements, *mine]) if p not in theirs]
+                if not targets:
+                    return
+                reached = True
+                with _Nvml(self._driver_root) as nvml:
+                    self._generation += 1
+                    for p in targets:
+                        self._remove(nvml, notes, p)
+        finally:
+            if reached:
+                self._on_change()
+
+    def collect(self, claims: Collection[str], alive: Callable[[str], bool]) -> None:
+        """Destroy the GPU instances the note gives a claim that no record names (`claims`: the
+        UIDs the checkpoint records, read before this call) when the instance of the driver that
+        made or adopted it is gone (`alive`): a claim whose record was lost and that no pod uses
+        any more, or a rollback a crash cut short. Start-up runs it once the records are complete;
+        an instance of a live driver instance may be a prepare in flight, and is left to it. What
+        NVML refuses is logged and tried again at the next start."""
+        reached = False
+        try:
+            with self._owners.changing() as notes:
+                orphans = [p for p, m in notes.items() if m.claim not in claims and not alive(m.owner)]
+                if not orphans:
+                    return
+                reached = True
+                with _Nvml(self._driver_root) as nvml:
+                    self._generation += 1
+                    for p in orphans:
+                        log.warning("%s was made for claim %s, which no record names: destroying it",
+                                    describe(p), notes[p].claim)  # fmt: skip
+                        try:
+                            self._remove(nvml, notes, p)
+                        except MigError as e:
+                            log.error("%s; tried again at the next start", e)
+        except MigError as e:  # NVML not available
+            log.error("%s; Tandem's GPU instances of claims that are gone are destroyed at the next start", e)
+        finally:
+            if reached:
+                self._on_change()
+
+    def _roll_back(self, claim: str, placements: Sequence[MigPlacement]) -> bool:
+        """Destroy again what this call made for the claim when a later device of it failed; each
+        unless another instance of the driver adopted it since (rolling update: the kubelet turned
+        to that instance, which may have handed the device to a container already), which the note,
+        read under the lock, tells. Whether nothing of them is left."""
+        if not placements:
+            return True
+        try:
+            with self._owners.changing() as notes, _Nvml(self._driver_root) as nvml:
+                self._generation += 1
+                clean = True
+                for p in placements:
+                    noted = notes.get(p)
+                    if noted is not None and noted != Made(claim, self._instance):
+                        log.warning("%s is not rolled back: instance %s of the driver took it over", describe(p),
+                                    noted.owner)  # fmt: skip
+                        clean = False
+                    elif noted is not None:
+                        clean = self._undo(nvml, notes, p) and clean
+                return clean
+        except MigError as e:  # NVML not available
+            log.error("%s; it is retried with the claim", e)
+            return False
         finally:
             self._on_change()
 
-    def _ensure(self, placement: MigPlacement, adopt: bool) -> Device:
-        with self._lock, _Nvml(self._driver_root) as nvml:
+    def _ensure(self, placement: MigPlacement, claim: str, adopt: bool) -> Device:
+        with self._owners.changing() as notes, _Nvml(self._driver_root) as nvml:
             self._generation += 1
             try:
                 gpu = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
                 gi = _find_gi(nvml, gpu, placement)
-            except nvml.NVMLError as e:
+            except NvmlError as e:
                 raise MigError(f"cannot make the MIG device ({describe(placement)}): {e}", nothing_left=True) from e
-            if gi is not None and not adopt:
-                raise MigError(f"{describe(placement)} is taken by a MIG device Tandem did not make", nothing_left=True)
+            noted = notes.get(placement)
+            if gi is not None and not (noted.claim == claim if noted is not None else adopt):
+                holder = f"the MIG device of claim {noted.claim}" if noted else "a MIG device Tandem did not make"
+                raise MigError(f"{describe(placement)} is taken by {holder}", nothing_left=True)
+            if noted != Made(claim, self._instance):  # noted before it is made; or adopted
+                notes[placement] = Made(claim, self._instance)
+                self._owners.save(notes)
             made_gi = gi is None
             try:
                 if gi is None:
@@ -164,46 +279,40 @@ class MigPartitions:
                 gi_id = int(nvml.nvmlGpuInstanceGetInfo(gi).id)
                 return self._mig_device(nvml, gpu, placement, gi_id)
             except Exception as e:
-                left = not made_gi or (gi is not None and not self._undo(nvml, gi, placement))
-                if isinstance(e, (nvml.NVMLError, MigError)):
+                left = not made_gi or not self._undo(nvml, notes, placement)
+                if isinstance(e, (NvmlError, MigError)):
                     raise MigError(f"cannot make the MIG device ({describe(placement)}): {e}", not left) from e
                 raise
 
-    def _destroy(self, placement: MigPlacement) -> None:
-        with self._lock, _Nvml(self._driver_root) as nvml:
-            self._generation += 1
-            try:
-                gpu = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
-                gi = _find_gi(nvml, gpu, placement)
-                if gi is None:
-                    return
+    def _remove(self, nvml: ModuleType, notes: dict[MigPlacement, Made], placement: MigPlacement) -> None:
+        """Destroy what exists of `placement`'s MIG device, its compute instances first (NVML
+        refuses the reverse with IN_USE), then its note. MigError when NVML refuses."""
+        try:
+            gpu = nvml.nvmlDeviceGetHandleByUUID(placement.parent_uuid)
+            gi = _find_gi(nvml, gpu, placement)
+            if gi is not None:
                 for profile in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", _CI_PROFILE_COUNT))):
                     for ci in _compute_instances(nvml, gi, profile):
                         nvml.nvmlComputeInstanceDestroy(ci)
                 nvml.nvmlGpuInstanceDestroy(gi)
                 log.info("destroyed %s", describe(placement))
-            except nvml.NVMLError as e:
-                if e.value in _GONE:
-                    log.warning(
-                        "%s: the GPU is gone or out of MIG mode (%s); nothing to destroy", describe(placement), e
-                    )
-                    return
+        except NvmlError as e:
+            if e.value not in _GONE:
                 why = "a process still uses it" if e.value == _ERROR_IN_USE else str(e)
                 raise MigError(f"cannot destroy the MIG device ({describe(placement)}): {why}") from e
+            log.warning("%s: the GPU is gone or out of MIG mode (%s); nothing to destroy", describe(placement), e)
+        if notes.pop(placement, None) is not None:
+            self._owners.save(notes)
 
-    def _undo(self, nvml: ModuleType, gi: Any, placement: MigPlacement) -> bool:
-        """Roll back a GPU instance this call made, so a failure leaves no half-made partition;
-        whether it went. If not, the caller's record still names it and the next call finishes it."""
+    def _undo(self, nvml: ModuleType, notes: dict[MigPlacement, Made], placement: MigPlacement) -> bool:
+        """`_remove`, for a GPU instance this instance holds; whether it went. If not, it stays
+        noted (and the caller's record names it), and the next call finishes it."""
         try:
-            for profile in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", _CI_PROFILE_COUNT))):
-                for ci in _compute_instances(nvml, gi, profile):
-                    nvml.nvmlComputeInstanceDestroy(ci)
-            nvml.nvmlGpuInstanceDestroy(gi)
-            log.info("rolled back %s", describe(placement))
-            return True
-        except nvml.NVMLError as e:
-            log.error("%s could not be rolled back (%s); it is retried with the claim", describe(placement), e)
+            self._remove(nvml, notes, placement)
+        except MigError as e:
+            log.error("%s; it is retried with the claim", e)
             return False
+        return True
 
     def _mig_device(self, nvml: ModuleType, gpu: Any, placement: MigPlacement, gi: int) -> Device:
         minor = int(nvml.nvmlDeviceGetMinorNumber(gpu))
@@ -252,7 +361,7 @@ def _whole_ci_profile(nvml: ModuleType, gi: Any) -> int:
     for profile in range(int(getattr(nvml, "NVML_COMPUTE_INSTANCE_PROFILE_COUNT", _CI_PROFILE_COUNT))):
         try:
             info = nvml.nvmlGpuInstanceGetComputeInstanceProfileInfo(gi, profile, _ENGINE_SHARED)
-        except nvml.NVMLError:
+        except NvmlError:
             continue
         if best is None or int(info.sliceCount) > best[0]:
             best = (int(info.sliceCount), int(info.id))
@@ -266,7 +375,7 @@ def _compute_instances(nvml: ModuleType, gi: Any, profile: int) -> list[Any]:
     count = ctypes.c_uint(0)
     try:
         nvml.nvmlGpuInstanceGetComputeInstances(gi, profile, array, ctypes.byref(count))
-    except nvml.NVMLError as e:
+    except NvmlError as e:
         if e.value == ERROR_NOT_SUPPORTED:  # a profile this GPU instance does not have
             return []
         raise

@@ -2,29 +2,52 @@
 
 MPS (NVIDIA's Multi-Process Service) lets the CUDA processes of several pods run on one GPU at
 once, each held to the limits its container's environment sets (`driver.claims.gpu.sharing`). Its
-control daemon, `nvidia-cuda-mps-control -d` from the NVIDIA driver root, is started here with
-`CUDA_VISIBLE_DEVICES` naming the one GPU and its pipe and log directories under Tandem's own
-state directory (`<data dir>/mps/<device>/{pipe,log}`), which the claims' CDI specs mount into
-the containers. The layout of the pipe directory (`nvidia-cuda-mps-control.pid`) and the
-management front end (`nvidia-cuda-mps-control` reading commands on stdin) are NVIDIA's ('MPS',
-Appendix: Tools and Interface Reference).
+control daemon, `nvidia-cuda-mps-control -f` from the NVIDIA driver root (in the foreground, as
+NVIDIA's DRA driver runs it), is started here with `CUDA_VISIBLE_DEVICES` naming the one GPU and
+its pipe and log directories under Tandem's own state directory
+(`<data dir>/mps/<device>/{pipe,log}`), which the claims' CDI specs mount into the containers. The
+layout of the pipe directory (`control`, `nvidia-cuda-mps-control.pid`) and the management front
+end (`nvidia-cuda-mps-control` reading commands on stdin) are NVIDIA's ('MPS', Appendix: Tools
+and Interface Reference).
+
+What is the tenants' and what is Tandem's: the pipe directory and the private `/dev/shm` are
+mounted read-write into every container of the GPU's MPS claims, and a container's root may put
+anything there (a FIFO, a symlink to `/dev/zero`, another daemon's PID in the PID file). So
+Tandem keeps nothing of its own there and reads nothing from there. A daemon is known by its
+`ProcessId` (boot, PID, start time: `driver.node.processes`), recorded in `<device>/daemon.json`
+beside those directories and mounted into no container, and is signalled only as that process.
+Of the pipe directory Tandem only removes what a dead daemon (or a tenant) left in the names the
+next daemon takes (its PID file and control socket), and talks to the daemon through its control
+socket only when that is a socket: a symlink there could lead to another GPU's daemon, a FIFO
+would stall the front end.
+
+Starting, crash-safely: the daemon is started behind a gate, `sh` waiting for a line on its stdin
+before it execs the daemon (which keeps its PID and start time). Tandem records the gate's
+identity, then releases it. A kill -9 before the record leaves a gate that reads end-of-file and
+exits: no daemon; after it, the record names the daemon. No daemon runs unrecorded, so a
+restarted Tandem, or the other instance of a rolling update (one `sync` at a time across both:
+the `mps.lock` flock), finds every one. It is up once it answers its front end (`get_server_list`).
 
 Which GPUs need a daemon is never kept here: it is what the checkpoint's records say
 (`needed`, device name -> GPU UUID), so `sync` is the whole state machine, run at start-up, after
-every prepare and unprepare, and every `period` seconds by the `mps-supervisor` thread:
+every unprepare, and every `period` seconds by the `mps-supervisor` thread (a prepare starts only
+its own claim's GPUs' daemons: another GPU's trouble neither fails nor delays it):
 
 * a needed GPU whose daemon is not running gets one (a daemon that died is restarted);
-* a running daemon is found again by its PID file and `/proc/<pid>/cmdline`, so a restarted
-  Tandem adopts it instead of starting a second one;
+* a running daemon is found again by its record, so a restarted Tandem adopts it instead of
+  starting a second one; a daemon a release before this one started (`-d`, no record) is adopted
+  once by its PID file, read as untrusted and believed only for a control daemon whose
+  environment names this GPU's pipe directory (`_legacy`);
 * a daemon no record needs any more is told `quit` (killed if it does not go), and its directories
   are removed; but only while the records are `complete`: after the checkpoint was lost, a daemon
   no record names may serve a running pod until start-up has rebuilt its record;
 * a needed GPU the inventory lacks now (its UUID unknown: NVML unanswered) keeps the daemon it
   has, and gets one once it is back.
 
-A daemon outlives Tandem (`-d` detaches it), as the claims using it do; a kill -9 of Tandem at any
-step leaves either a record without a daemon (started by the next `sync`) or a daemon without a
-record (stopped by it), never a duplicate.
+A daemon outlives Tandem (it runs in a session of its own), as the claims using it do; a kill -9
+of Tandem at any step leaves either a record without a daemon (started by the next `sync`) or a
+daemon without a claim record (stopped by it), never a duplicate or a daemon no one knows. While
+Tandem runs, the daemons it started are its children, reaped as they end.
 
 Shared memory: an MPS server and its clients exchange work through POSIX shared memory in
 `/dev/shm`, so they must see the same one. As NVIDIA's DRA driver does, each daemon gets a
@@ -39,29 +62,38 @@ unprivileged) the daemon keeps the host's `/dev/shm` and says so in the log.
 
 from __future__ import annotations
 
-import contextlib
+import json
 import logging
 import os
 import shutil
-import signal
+import stat
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from driver.fsutil import locked
+from cdi import atomic_write
+from driver.errors import DeviceError
+from driver.fsutil import locked, read_json_state, read_untrusted
 from driver.node.driver_root import BINARY_DIRS, driver_program
+from driver.node.processes import ProcessId, alive, identify, kill, wait_gone
 
 log = logging.getLogger(__name__)
 
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
-PID_FILE = "nvidia-cuda-mps-control.pid"
+PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon's own, in the pipe directory: never read as Tandem's
+CONTROL_SOCKET = "control"
+RECORD = "daemon.json"
+RECORD_VERSION = 1
 _START_TIMEOUT = 10.0
 _QUIT_TIMEOUT = 10.0
+_KILL_TIMEOUT = 5.0
+# The daemon is held here until Tandem has recorded it (module docstring): no line, no daemon.
+_GATE = ("sh", "-c", 'read -r _ && exec "$@" </dev/null', "sh")
 
 
-class MpsError(Exception):
+class MpsError(DeviceError):
     """An MPS control daemon could not be started; the message says which GPU and why."""
 
 
@@ -83,12 +115,13 @@ class MpsDaemons:
         self._complete = complete
         self._period = period
         # One sync at a time, in this process and on the node: during a rolling update two
-        # instances supervise the same daemons, and one must not start (or remove the PID file
-        # of) a daemon the other is starting.
+        # instances supervise the same daemons, and one must not start (or clear the pipe
+        # directory of) a daemon the other is starting.
         self._lock = threading.Lock()
         self._lock_path = root.parent / "mps.lock"
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._children: dict[int, subprocess.Popen[bytes]] = {}  # daemons this process started, to reap
 
     def pipe_dir(self, device: str) -> Path:
         return self.root / device / "pipe"
@@ -120,19 +153,20 @@ class MpsDaemons:
 
     # --- the state machine --------------------------------------------------------------------
 
-    def sync(self) -> None:
-        """Daemons for exactly the needed GPUs (module docstring). Raises MpsError naming every
+    def sync(self, devices: Collection[str] | None = None) -> None:
+        """Daemons for exactly the needed GPUs (module docstring). `devices`: only these GPUs'
+        daemons started and nothing stopped (a prepare's own GPUs). Raises MpsError naming every
         GPU whose daemon could not be started; the others are done regardless."""
         self._lock_path.parent.mkdir(parents=True, exist_ok=True)
         with locked(self._lock, self._lock_path):
             needed = dict(self._needed())
             present = {p.name for p in self.root.iterdir() if p.is_dir()} if self.root.is_dir() else set()
-            if self._complete():  # read after `needed`, which reads the records
+            if devices is None and self._complete():  # read after `needed`, which reads the records
                 for device in sorted(present - set(needed)):
                     self._stop_daemon(device)
             failed = []
             for device, uuid in sorted(needed.items()):
-                if uuid is None:
+                if uuid is None or (devices is not None and device not in devices):
                     continue
                 try:
                     self._ensure(device, uuid)
@@ -142,14 +176,63 @@ class MpsDaemons:
                 raise MpsError("; ".join(failed))
 
     def running(self, device: str) -> int | None:
-        """The PID of the device's control daemon, if one is running."""
+        """The PID of the device's control daemon, if the one on record runs."""
+        self._reap()
+        process = self._recorded(device)
+        return process.pid if process is not None and alive(process) else None
+
+    # --- identity: Tandem's record, never the pipe directory ----------------------------------
+
+    def _record(self, device: str) -> Path:
+        return self.root / device / RECORD
+
+    def _recorded(self, device: str) -> ProcessId | None:
+        raw = read_json_state(self._record(device), "MPS daemon record", "daemon", dict, version=RECORD_VERSION)
         try:
-            pid = int((self.pipe_dir(device) / PID_FILE).read_text().strip())
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, ValueError, IndexError):
+            return ProcessId.from_json(raw)
+        except ValueError:
             return None
-        return pid if CONTROL_PROGRAM.encode() in cmdline and state not in ("Z", "X") else None
+
+    def _write_record(self, device: str, process: ProcessId) -> None:
+        doc = {"version": RECORD_VERSION, "daemon": process.to_json()}
+        # Not fsynced: a reboot, the only thing that loses it, ends the daemon and changes the boot.
+        atomic_write(self._record(device), json.dumps(doc).encode(), 0o600, durable=False)
+
+    def _daemon(self, device: str) -> ProcessId | None:
+        """The device's running daemon: the one on record, or one an earlier release started."""
+        if self._record(device).exists():
+            process = self._recorded(device)
+        elif (process := self._legacy(device)) is not None:
+            log.info("adopting the MPS control daemon of %s an earlier release started (PID %d)", device,
+                     process.pid, extra={"device": device})  # fmt: skip
+            self._write_record(device, process)
+        return process if process is not None and alive(process) else None
+
+    def _legacy(self, device: str) -> ProcessId | None:
+        """A daemon of a release that kept no record, by the PID file it wrote into the pipe
+        directory: a tenant may have written it, so it is read as untrusted and believed only for
+        a control daemon whose environment names this GPU's pipe directory (neither another GPU's
+        daemon nor any other process a tenant names is taken over)."""
+        try:
+            process = identify(int(read_untrusted(self.pipe_dir(device) / PID_FILE, 32)))
+            if process is None:
+                return None
+            cmdline = read_untrusted(Path(f"/proc/{process.pid}/cmdline"), 1 << 16)
+            environ = read_untrusted(Path(f"/proc/{process.pid}/environ"), 1 << 20).split(b"\0")
+        except (OSError, ValueError):
+            return None
+        ours = (
+            CONTROL_PROGRAM.encode() in cmdline
+            and f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(device)}".encode() in environ
+        )
+        return process if ours and alive(process) else None  # still the process whose files were read
+
+    def _reap(self) -> None:
+        for pid, child in list(self._children.items()):
+            if child.poll() is not None:
+                self._children.pop(pid, None)
+
+    # --- starting -----------------------------------------------------------------------------
 
     def _program(self) -> Path:
         program = driver_program(self._driver_root, CONTROL_PROGRAM)
@@ -168,32 +251,79 @@ class MpsDaemons:
         }
 
     def _ensure(self, device: str, uuid: str) -> None:
-        if self.running(device) is not None:
+        if self._daemon(device) is not None:
             return
         program = self._program()
-        for d in (self.pipe_dir(device), self.log_dir(device), self.shm_dir(device)):
-            d.mkdir(parents=True, exist_ok=True)
-        (self.pipe_dir(device) / PID_FILE).unlink(missing_ok=True)  # a dead daemon's
+        output = self.root / device / "daemon.out"  # its stdout and stderr, for the error
+        try:
+            for d in (self.pipe_dir(device), self.log_dir(device), self.shm_dir(device)):
+                d.mkdir(parents=True, exist_ok=True)
+            self._clear_pipe_dir(device)
+            out = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as e:
+            raise MpsError(f"{device}: preparing the MPS directories failed: {e}") from e
         log.info("starting the MPS control daemon of %s (%s)", device, uuid, extra={"device": device})
         try:
-            done = subprocess.run(
-                self._private_shm(device, [str(program), "-d"]),
-                env=self._env(device, uuid),
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=_START_TIMEOUT,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as e:
-            raise MpsError(f"{device}: {CONTROL_PROGRAM} -d failed: {e}") from e
-        if done.returncode != 0:
-            why = (done.stderr or done.stdout).decode(errors="replace").strip()[:300]
-            raise MpsError(f"{device}: {CONTROL_PROGRAM} -d exited with {done.returncode}: {why}")
+            gate = subprocess.Popen(
+                [*_GATE, *self._private_shm(device, [str(program), "-f"])],
+                env=self._env(device, uuid), stdin=subprocess.PIPE, stdout=out, stderr=out, start_new_session=True,
+            )  # fmt: skip
+        except OSError as e:
+            raise MpsError(f"{device}: {CONTROL_PROGRAM} -f failed: {e}") from e
+        finally:
+            os.close(out)
+        self._children[gate.pid] = gate
+        try:
+            process = identify(gate.pid)
+            if process is None:
+                raise OSError(f"it exited at once ({gate.wait()})")
+            self._write_record(device, process)
+            assert gate.stdin is not None
+            gate.stdin.write(b"\n")  # recorded: let it exec the daemon
+            gate.stdin.close()
+        except OSError as e:
+            gate.kill()  # still the gate, never the daemon: nothing runs unrecorded
+            raise MpsError(f"{device}: starting {CONTROL_PROGRAM} failed: {e}") from e
+        self._wait_up(device, gate, output)
+
+    def _wait_up(self, device: str, gate: subprocess.Popen[bytes], output: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
-        while self.running(device) is None:
-            if time.monotonic() > deadline:
-                raise MpsError(f"{device}: the MPS control daemon did not come up within {_START_TIMEOUT:.0f}s")
+        while (left := deadline - time.monotonic()) > 0:
+            if gate.poll() is not None:
+                with open(output, "rb") as f:  # Tandem's own file, beside the pipe directory
+                    why = f.read()[-300:].decode(errors="replace").strip()
+                raise MpsError(f"{device}: {CONTROL_PROGRAM} -f exited with {gate.returncode}: {why}")
+            if self._tell(device, "get_server_list", left):
+                return
             time.sleep(0.02)
+        raise MpsError(f"{device}: the MPS control daemon did not answer within {_START_TIMEOUT:.0f}s")
+
+    def _clear_pipe_dir(self, device: str) -> None:
+        """Takes away what a dead daemon, or a tenant, left in the names the next daemon takes
+        (a daemon refuses to start while its PID file names a live process). Never opened or
+        followed; a directory in the way is moved out of the tenants' reach, beside the pipe
+        directory, and goes with it."""
+        for name in (PID_FILE, CONTROL_SOCKET):
+            path = self.pipe_dir(device) / name
+            try:
+                path.unlink(missing_ok=True)
+            except IsADirectoryError:
+                path.rename(self.root / device / f"stale-{name}-{time.time_ns()}")
+
+    def _tell(self, device: str, command: str, timeout: float) -> bool:
+        """Whether the front end delivered `command` to the daemon: only through a control socket
+        that is a socket (module docstring), and never for longer than `timeout`."""
+        try:
+            if not stat.S_ISSOCK(os.lstat(self.pipe_dir(device) / CONTROL_SOCKET).st_mode):
+                return False
+            done = subprocess.run(
+                [str(self._program())],
+                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(device))},
+                input=f"{command}\n".encode(), capture_output=True, timeout=timeout, check=False,
+            )  # fmt: skip
+        except (OSError, MpsError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
 
     def _private_shm(self, device: str, cmd: list[str]) -> list[str]:
         """`cmd` run with the device's tmpfs as its `/dev/shm` (module docstring), mounted first."""
@@ -213,26 +343,20 @@ class MpsDaemons:
         bind = 'mount --bind "$0" /dev/shm && exec "$@"'
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(shm), *cmd]
 
+    # --- stopping -----------------------------------------------------------------------------
+
     def _stop_daemon(self, device: str) -> None:
-        pid = self.running(device)
-        if pid is not None:
+        process = self._daemon(device)
+        if process is not None:
             log.info("stopping the MPS control daemon of %s: no claim uses it", device, extra={"device": device})
-            with contextlib.suppress(MpsError, OSError, subprocess.TimeoutExpired):
-                subprocess.run(
-                    [str(self._program())],
-                    env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(device))},
-                    input=b"quit\n",
-                    capture_output=True,
-                    timeout=_QUIT_TIMEOUT,
-                    check=False,
-                )
-            deadline = time.monotonic() + _QUIT_TIMEOUT
-            while self.running(device) is not None and time.monotonic() < deadline:
-                time.sleep(0.02)
-            if self.running(device) is not None:
-                log.warning("the MPS control daemon of %s ignored quit; killing it", device)
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+            if not (self._tell(device, "quit", _QUIT_TIMEOUT) and wait_gone(process, _QUIT_TIMEOUT)):
+                log.warning("the MPS control daemon of %s did not quit (its control socket gone, not a socket or "
+                            "unanswered); killing it", device, extra={"device": device})  # fmt: skip
+                if not kill(process, _KILL_TIMEOUT):
+                    log.error("the MPS control daemon of %s (PID %d) outlived SIGKILL; kept on record, retried "
+                              "next round", device, process.pid, extra={"device": device})  # fmt: skip
+                    return
+        self._reap()
         if os.path.ismount(self.shm_dir(device)):  # lazily: a client that has not gone yet keeps it
             subprocess.run(["umount", "-l", str(self.shm_dir(device))], capture_output=True, timeout=_QUIT_TIMEOUT,
                            check=False)  # fmt: skip

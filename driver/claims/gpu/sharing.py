@@ -24,11 +24,13 @@ can fix it for its users):
 Refused, each with a message naming the device and what to change (a per-claim error, never
 silent sharing without limits): a share smaller than the whole GPU without MPS; MPS or
 TimeSlicing on a MIG device (its partition already is the limit, and neither MPS limits nor the
-time slice apply to one); a `timeSliceInterval` without TimeSlicing (an MPS claim's processes
-run side by side, not in turns); an MPS GPU together with any other GPU in one claim (a CUDA
-process talks to one MPS daemon, which shows only its own GPU); a claim asking a GPU for another
-interval than a claim already prepared on it (the slice is the whole GPU's: it waits, and the
-kubelet's retry succeeds once the other claim is gone).
+time slice apply to one), and on the whole GPU of a dynamic-MIG GPU (it is in MIG mode:
+preparing it makes the MIG device that spans it, and nvidia-smi refuses a time slice there); a
+`timeSliceInterval` without TimeSlicing (an MPS claim's processes run side by side, not in
+turns); an MPS GPU together with any other GPU in one claim (a CUDA process talks to one MPS
+daemon, which shows only its own GPU); a claim asking a GPU for another interval than a claim
+already prepared on it (the slice is the whole GPU's: it waits, and the kubelet's retry succeeds
+once the other claim is gone).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from driver.claims.cdi_spec import PlannedDevice
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.gpu.mps import MpsDaemons, MpsError
 from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
-from driver.claims.opaque_config import SHARING_MPS, SHARING_TIME_SLICING, TIME_SLICE_INTERVALS
+from driver.claims.vocabulary import Sharing, TimeSliceInterval
 from driver.discovery.gpu_attributes import MIB
 from driver.discovery.shared_gpu import COMPUTE, MEMORY
 from driver.model import Device, DeviceKind
@@ -94,9 +96,9 @@ def with_sharing(records: Sequence[DeviceRecord], planned: Sequence[PlannedDevic
     out = []
     for r in records:
         gpu = by_device.get((r.device, r.share_id))
-        sharing = gpu.sharing if gpu else ""
+        sharing = gpu.sharing if gpu else None
         interval = (
-            (gpu.time_slice_interval or TIME_SLICE_INTERVALS[0]) if gpu and sharing == SHARING_TIME_SLICING else ""
+            (gpu.time_slice_interval or TimeSliceInterval.DEFAULT) if gpu and sharing == Sharing.TIME_SLICING else None
         )
         out.append(dataclasses.replace(r, sharing=sharing, time_slice=interval))
     return out
@@ -104,7 +106,7 @@ def with_sharing(records: Sequence[DeviceRecord], planned: Sequence[PlannedDevic
 
 def time_slice_gpus(
     records: Iterable[DeviceRecord], lookup: Callable[[str], Device | None]
-) -> dict[str, tuple[str | None, str]]:
+) -> dict[str, tuple[str | None, TimeSliceInterval]]:
     """The GPUs (device name -> (UUID, interval)) the recorded claims time-slice: what
     `driver.claims.gpu.time_slices.TimeSlices` keeps set. The UUID is None for a GPU the inventory lacks
     now (NVML unanswered, or the GPU gone): its interval is left as it is while a record names it."""
@@ -121,7 +123,7 @@ def check_time_slices(uid: str, records: Sequence[DeviceRecord], claims: Mapping
         for key, other in claims.items():
             if key == uid:
                 continue
-            held = next((d.time_slice for d in other.devices if d.device == r.device and d.time_slice), "")
+            held = next((d.time_slice for d in other.devices if d.device == r.device and d.time_slice), None)
             if held and held != r.time_slice:
                 raise ClaimError(
                     f"GPU {r.device!r}: this claim asks for the time-slice interval {r.time_slice}, but claim "
@@ -134,7 +136,7 @@ def mps_gpus(records: Iterable[DeviceRecord], lookup: Callable[[str], Device | N
     """The GPUs (device name -> UUID) the recorded claims share through MPS: those that need a
     control daemon (`driver.claims.gpu.mps.MpsDaemons`). The UUID is None for a GPU the inventory lacks now
     (NVML unanswered, or the GPU gone): its daemon, if it runs, stays while a record names it."""
-    return {r.device: _uuid(lookup(r.device)) for r in records if r.sharing == SHARING_MPS}
+    return {r.device: _uuid(lookup(r.device)) for r in records if r.sharing == Sharing.MPS}
 
 
 def _uuid(device: Device | None) -> str | None:
@@ -146,13 +148,13 @@ def check_gpu_sharing(planned: Sequence[PlannedDevice]) -> None:
     gpus = [p for p in planned if p.device.kind in (DeviceKind.GPU, DeviceKind.MIG)]
     for p in gpus:
         d, strategy = p.device, p.config.gpu.sharing
-        if p.config.gpu.time_slice_interval and strategy != SHARING_TIME_SLICING:
+        if p.config.gpu.time_slice_interval and strategy != Sharing.TIME_SLICING:
             raise ClaimError(
                 f"GPU {d.name!r}: GpuConfig.timeSliceInterval {p.config.gpu.time_slice_interval} needs sharing "
                 f"TimeSlicing, not {strategy or 'none'}: "
                 + (
                     "MPS runs the processes of its clients side by side, not in turns; "
-                    if strategy == SHARING_MPS
+                    if strategy == Sharing.MPS
                     else ""
                 )
                 + "leave timeSliceInterval out, or set sharing TimeSlicing"
@@ -162,11 +164,17 @@ def check_gpu_sharing(planned: Sequence[PlannedDevice]) -> None:
                 f"MIG device {d.name!r}: GpuConfig.sharing {strategy} applies to full GPUs only; a MIG device's "
                 "partition is its limit already (leave sharing out, or ask for a shared full GPU)"
             )
+        if d.gpu is not None and d.gpu.placement is not None and strategy:
+            raise ClaimError(
+                f"GPU {d.name!r} is in MIG mode (dynamic MIG): preparing it makes the MIG device that spans it, "
+                f"and GpuConfig.sharing {strategy} applies to GPUs outside MIG mode only (leave sharing out, or "
+                "ask for a GPU that is not in MIG mode)"
+            )
         share = share_of(p)
-        if share.whole or strategy == SHARING_MPS:
+        if share.whole or strategy == Sharing.MPS:
             continue
         held = f"{_mib(share.memory)} of memory and {share.compute}% of compute"
-        if strategy == SHARING_TIME_SLICING:
+        if strategy == Sharing.TIME_SLICING:
             raise ClaimError(
                 f"GPU {d.name!r}: GpuConfig.sharing TimeSlicing sets the time slice of the whole GPU and limits no "
                 f"memory, but this claim holds only a share of it ({held}): ask for the whole GPU (leave "
@@ -187,7 +195,7 @@ def check_gpu_sharing(planned: Sequence[PlannedDevice]) -> None:
 
 
 def _mps(p: PlannedDevice) -> bool:
-    return p.device.kind == DeviceKind.GPU and p.config.gpu.sharing == SHARING_MPS
+    return p.device.kind == DeviceKind.GPU and p.config.gpu.sharing == Sharing.MPS
 
 
 def _mib(n: int | None) -> str:
@@ -237,11 +245,15 @@ class GpuSharing:
     def realise(self, claim: str, records: Sequence[DeviceRecord]) -> None:
         """After the claim's record names its MPS GPUs and time slices: their daemons running and
         their intervals set (ClaimError if not)."""
+        # This claim's GPUs only: another GPU's daemon that cannot start, or nvidia-smi failing
+        # there, is that GPU's claims' failure, and costs this claim no time either.
+        mps = {r.device for r in records if r.sharing == Sharing.MPS}
+        sliced = {r.device for r in records if r.time_slice}
         try:
-            if self.daemons is not None and any(r.sharing == SHARING_MPS for r in records):
-                self.daemons.sync()
-            if self.time_slices is not None and any(r.time_slice for r in records):
-                self.time_slices.sync()
+            if self.daemons is not None and mps:
+                self.daemons.sync(mps)
+            if self.time_slices is not None and sliced:
+                self.time_slices.sync(devices=sliced)
         except MpsError as e:
             raise ClaimError(f"claim {claim}: MPS: {e}") from e
         except TimeSliceError as e:

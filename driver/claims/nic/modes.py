@@ -21,11 +21,9 @@ from collections.abc import Sequence
 
 from driver.claims.allocation import ClaimError
 from driver.claims.cdi_spec import PlannedDevice
-from driver.discovery.nic_device import RDMA_NETNS_MODE, SHARES
+from driver.discovery.nic_device import RDMA_NETNS_MODE, SHARES, RdmaNetnsMode
 from driver.model import DeviceKind
 from driver.resource_api import parse_quantity
-
-EXCLUSIVE = "exclusive"
 
 
 def check_nic_modes(planned: Sequence[PlannedDevice]) -> None:
@@ -33,7 +31,7 @@ def check_nic_modes(planned: Sequence[PlannedDevice]) -> None:
     the pod could not use (module docstring)."""
     for p in planned:
         d = p.device
-        if d.kind != DeviceKind.NIC or p.config.nic.mode != EXCLUSIVE:
+        if d.kind != DeviceKind.NIC or not p.config.nic.exclusive:
             continue
         total = d.capacity.get(SHARES)
         if p.share_id is not None and total is not None:
@@ -44,7 +42,7 @@ def check_nic_modes(planned: Sequence[PlannedDevice]) -> None:
                     f"NIC, but this claim holds {held or 'an unknown number of'} of its {total} shares: leave out "
                     f"capacity.requests.{SHARES} (the default is the whole NIC) or ask for {total}"
                 )
-        if d.attributes.get(RDMA_NETNS_MODE) == EXCLUSIVE:
+        if d.attributes.get(RDMA_NETNS_MODE) == RdmaNetnsMode.EXCLUSIVE:
             rdma = d.nic.rdma_device if d.nic else "its RDMA device"
             raise ClaimError(
                 f"NIC {d.name!r}: NicConfig.mode exclusive moves only the netdev; the kernel's RDMA namespace mode "

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from driver.claims.checkpoint import STATE_COMPLETED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
+from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
+from driver.claims.vocabulary import PrepareState, Sharing, TimeSliceInterval
 
 
 def _record(uid: str = "u1") -> ClaimRecord:
     return ClaimRecord(
-        namespace="ns", name="c", uid=uid, state=STATE_COMPLETED,
+        namespace="ns", name="c", uid=uid, state=PrepareState.COMPLETED,
         devices=(DeviceRecord(request_names=("gpu",), pool="node", device="gpu-0", share_id="s1"),),
     )  # fmt: skip
 
@@ -30,10 +31,12 @@ def test_round_trip(tmp_path: Path):
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
 
 
-def test_fields_from_a_newer_version_are_kept_on_rewrite(tmp_path: Path):
+def test_fields_a_newer_release_added_are_kept_on_rewrite(tmp_path: Path):
+    """An added field is no reason to raise the format version (`driver.fsutil`): this release
+    reads the file and loses none of it."""
     (tmp_path / "checkpoint.json").write_text(json.dumps({
-        "version": 7, "bootID": "b", "futureTop": 1,
-        "claims": {"u1": {"namespace": "ns", "name": "c", "state": STATE_COMPLETED, "devices": [],
+        "version": 1, "bootID": "b", "futureTop": 1,
+        "claims": {"u1": {"namespace": "ns", "name": "c", "state": PrepareState.COMPLETED, "devices": [],
                           "futureField": {"x": 1}}},
     }))  # fmt: skip
     cp = Checkpoint(tmp_path, "b")
@@ -42,6 +45,35 @@ def test_fields_from_a_newer_version_are_kept_on_rewrite(tmp_path: Path):
     raw = json.loads((tmp_path / "checkpoint.json").read_text())
     assert raw["claims"]["u1"]["futureField"] == {"x": 1}
     assert set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_a_checkpoint_without_a_version_is_read_and_rewritten_at_the_current_one(tmp_path: Path):
+    """An upgrade from a release that wrote no version: its file is version 0, read as version 1."""
+    doc = {"bootID": "b", "claims": {"u1": _record().to_json()}}
+    (tmp_path / "checkpoint.json").write_text(json.dumps(doc))
+    cp = Checkpoint(tmp_path, "b")
+    assert cp.read() == {"u1": _record()} and not cp.incomplete
+    with cp.transaction() as claims:
+        claims["u2"] = _record("u2")
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["version"] == 1 and set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_a_checkpoint_of_a_newer_format_is_set_aside_whole_and_rebuilt(tmp_path: Path, caplog):
+    """A downgrade: this release must neither misread nor overwrite what a newer one wrote, nor
+    crash-loop. The file is kept aside, and the checkpoint is `incomplete`, as for a lost one."""
+    content = json.dumps({"version": 2, "bootID": "b", "claims": {"u1": {"renamed": "ns/c"}}})
+    (tmp_path / "checkpoint.json").write_text(content)
+    cp = Checkpoint(tmp_path, "b")
+    assert cp.read() == {} and cp.incomplete
+    [aside] = tmp_path.glob("checkpoint.json.newer-*")
+    assert aside.read_text() == content
+    assert "format version 2 is newer than this release of Tandem reads (up to 1)" in caplog.text
+    with cp.transaction() as claims:
+        claims["u2"] = _record("u2")
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["version"] == 1 and raw["incomplete"] is True and set(raw["claims"]) == {"u2"}
+    assert aside.read_text() == content
 
 
 def test_corrupt_file_is_moved_aside_and_state_starts_empty(tmp_path: Path, caplog):
@@ -154,3 +186,49 @@ def test_an_instance_whose_lock_file_another_removed_before_it_locked_it_locks_a
     assert raced and other.is_alive("i-1")
     other.release()
     instance.release()
+
+
+def test_words_are_written_as_their_strings_and_read_back_as_members(tmp_path: Path):
+    """The StrEnums of `driver.claims.vocabulary` change nothing on disk: the record's JSON is
+    byte for byte what the plain strings made, and reading it gives the members back."""
+    record = ClaimRecord(
+        "ns", "c", "u1", PrepareState.STARTED, (DeviceRecord(("gpu",), "node", "gpu-0", sharing=Sharing.TIME_SLICING,
+                                                             time_slice=TimeSliceInterval.LONG),), owner="i-1",
+    )  # fmt: skip
+    plain = {"namespace": "ns", "name": "c", "state": "PrepareStarted", "devices": [{
+        "requestNames": ["gpu"], "pool": "node", "device": "gpu-0", "sharing": "TimeSlicing", "timeSliceInterval": "Long",
+    }], "owner": "i-1"}  # fmt: skip
+    assert record.json_text == json.dumps(plain, separators=(",", ":"))
+    with Checkpoint(tmp_path, "b").transaction() as claims:
+        claims["u1"] = record
+    [read] = Checkpoint(tmp_path, "b").read().values()
+    assert read == record and read.state is PrepareState.STARTED
+    assert read.devices[0].sharing is Sharing.TIME_SLICING and read.devices[0].time_slice is TimeSliceInterval.LONG
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "members"),
+    [
+        ("state", "PrepareFinished", "['PrepareStarted', 'PrepareCompleted']"),
+        ("sharing", "Fractional", "['MPS', 'TimeSlicing']"),
+        ("timeSliceInterval", "Eternal", "['Default', 'Short', 'Medium', 'Long']"),
+    ],
+)
+def test_a_word_this_release_does_not_know_sets_the_file_aside_naming_the_field(
+    tmp_path: Path, caplog, field: str, value: str, members: str
+):
+    """A release that adds a word raises the format version (`driver.claims.vocabulary`); a file
+    that has one without doing so is refused whole, as a corrupt one is, never read as a string
+    no branch expects (an unknown state neither rolled back nor completed)."""
+    raw = {"namespace": "ns", "name": "c", "devices": [{"requestNames": ["gpu"], "pool": "node", "device": "gpu-0"}]}
+    if field == "state":
+        raw["state"] = value
+    else:
+        raw["devices"][0][field] = value
+    content = json.dumps({"version": 1, "bootID": "b", "claims": {"u1": raw}})
+    (tmp_path / "checkpoint.json").write_text(content)
+    cp = Checkpoint(tmp_path, "b")
+    assert cp.read() == {} and cp.incomplete
+    [aside] = tmp_path.glob("checkpoint.json.corrupt-*")
+    assert aside.read_text() == content
+    assert f"{field} must be one of {members}, got {value!r}" in caplog.text

@@ -30,16 +30,18 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> Host:
 
 class _FlakyAPI(FakeAPI):
     """Reading a claim named in `failures` fails that many times more, as an overloaded API
-    server does (503)."""
+    server does (503), asking for `retry_after` seconds of patience."""
 
     def __init__(self) -> None:
         super().__init__()
         self.failures: dict[str, int] = {}
+        self.retry_after = 0.0
 
     def get_claim(self, namespace: str, name: str) -> dict[str, Any]:
         if self.failures.get(name):
             self.failures[name] -= 1
-            raise ApiError(f"get claim {namespace}/{name}: HTTP 503 Service Unavailable", 503)
+            message = f"get claim {namespace}/{name}: HTTP 503 Service Unavailable"
+            raise ApiError(message, 503, retry_after=self.retry_after)
         return super().get_claim(namespace, name)
 
 
@@ -112,3 +114,24 @@ def test_retries_are_bounded_and_the_claims_are_left_for_the_next_pass(claims: _
     claims.api.down = False
     assert claims.refresh.run() == 2  # the records were not marked updated: the next pass does it
     assert [claims.ips(r.name)[0] for r in claims.refs] == [NEW_IP, NEW_IP]
+
+
+def test_a_retry_waits_as_long_as_the_server_asked(claims: _Claims) -> None:
+    """Its own backoff would try again after about 0.5 s; the server asked for 1.5."""
+    first, _ = claims.in_checkpoint_order()
+    claims.api.failures[first.name] = 1
+    claims.api.retry_after = 1.5
+    assert claims.refresh.run() == 2
+    assert claims.waits == [1.5]
+    assert claims.ips(first.name)[0] == NEW_IP
+
+
+def test_a_servers_wait_never_outlasts_the_pass(claims: _Claims) -> None:
+    """A Retry-After of 30 s (the most the door lets a server ask) is cut to what the pass may
+    still wait: the daemon's stop waits 5 s for a pass to end. Waited out, no further retry."""
+    first, second = claims.in_checkpoint_order()
+    claims.api.failures[first.name] = 2
+    claims.api.retry_after = 30.0
+    assert claims.refresh.run() == 1  # the second claim; the first left for the next pass
+    assert claims.waits == [claim_refresh.RETRY_WAIT]
+    assert claims.ips(second.name)[0] == NEW_IP

@@ -226,6 +226,15 @@ def test_update_of_an_unprepared_request_or_another_claim_fails(writer: Metadata
         writer.update(NS, NAME, "11111111-2222-4333-8444-555555555555", "gpu", [gpu()])
 
 
+def test_a_request_name_in_an_error_is_shown_escaped_and_bounded(writer: MetadataWriter) -> None:
+    request = "gpu/\x1b[2J" + "x" * 200
+    with pytest.raises(MetadataError) as e:
+        writer.update(NS, NAME, UID, request, [gpu()])
+    assert str(e.value).startswith(r"request 'gpu/\x1b[2Jxxx")
+    assert f"... ({len(request)} characters) not found in prepared claim" in str(e.value)
+    assert str(e.value).isprintable()
+
+
 def test_remove_deletes_the_claim_dir_and_its_specs_only(writer: MetadataWriter, dirs: tuple[Path, Path]) -> None:
     other_uid = "11111111-2222-4333-8444-555555555555"
     writer.write(NS, NAME, UID, "", [gpu(), gpu("nic", "pci-0000-17-00-0")])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from driver.claims.opaque_config import (
@@ -13,6 +15,8 @@ from driver.claims.opaque_config import (
     opaque_entries,
     resolve,
 )
+from driver.claims.vocabulary import NicMode, Sharing, TimeSliceInterval
+from driver.resource_api import MAX_OPAQUE_PARAMETERS
 
 V = "tandem.dev/v1alpha1"
 
@@ -36,6 +40,21 @@ def test_class_first_then_claim_later_wins_field_by_field():
     assert cfg.nic == NicConfig(mode="exclusive", interface_name="net9", mad=True)
 
 
+def test_words_become_members_and_one_given_as_no_string_is_refused_by_its_json_type():
+    gpu = _e({"apiVersion": V, "kind": "GpuConfig", "sharing": "TimeSlicing", "timeSliceInterval": "Long"})
+    cfg = resolve([gpu, _e({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive", "interfaceName": "net1"})], "r")
+    assert cfg.gpu.sharing is Sharing.TIME_SLICING and cfg.gpu.time_slice_interval is TimeSliceInterval.LONG
+    assert cfg.nic.mode is NicMode.EXCLUSIVE and cfg.nic.exclusive
+    with pytest.raises(
+        ConfigDecodeError, match=r"^config\[0\] \(FromClaim\): GpuConfig.sharing must be a str, got int$"
+    ):
+        resolve([_e({"apiVersion": V, "kind": "GpuConfig", "sharing": 1})], "r")
+    with pytest.raises(
+        ConfigDecodeError, match=r"GpuConfig.sharing must be one of \['MPS', 'TimeSlicing'\], got 'mps'$"
+    ):
+        resolve([_e({"apiVersion": V, "kind": "GpuConfig", "sharing": "mps"})], "r")
+
+
 def test_request_scoping_includes_subrequests():
     entries = [_e({"apiVersion": V, "kind": "NicConfig", "mad": True}, source="FromClass", requests=["nic"])]
     assert resolve(entries, "nic/fast").nic.mad is True
@@ -47,7 +66,7 @@ def test_request_scoping_includes_subrequests():
     [
         ({"apiVersion": "v1", "kind": "NicConfig"}, "apiVersion must be"),
         ({"apiVersion": V, "kind": "TpuConfig"}, "kind must be one of"),
-        ({"apiVersion": V, "kind": "NicConfig", "mdoe": "exclusive"}, "unknown field NicConfig.mdoe"),
+        ({"apiVersion": V, "kind": "NicConfig", "mdoe": "exclusive"}, "unknown NicConfig field 'mdoe'"),
         ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusiv"}, "NicConfig.mode must be one of"),
         ({"apiVersion": V, "kind": "NicConfig", "mad": "yes"}, "NicConfig.mad must be a bool"),
         ({"apiVersion": V, "kind": "GpuConfig", "pairNics": 1}, "GpuConfig.pairNics must be a bool"),
@@ -142,3 +161,75 @@ def test_ip_settings_need_exclusive_mode():
     shared = _e({"apiVersion": "tandem.dev/v1alpha1", "kind": "NicConfig", "addresses": ["10.9.0.5/24"]})
     with pytest.raises(ConfigDecodeError, match="apply to mode exclusive only"):
         resolve([shared], "nic")
+
+
+# What a hostile tenant puts in a claim's config: a terminal escape that clears the screen, a
+# forged log line, a bidi override, and the whole thing long enough to fill every line it is in.
+HOSTILE = "\x1b[2J\x1b[31mpwned\nE0101 forged log line\r\u202eelif\x00" + "k" * 5000
+
+
+def _assert_safe(message: str) -> None:
+    """One printable line (no control, escape, separator or bidi character), bounded."""
+    assert message.isprintable(), message[:200]
+    assert len(message) < 1000, len(message)
+
+
+@pytest.mark.parametrize(
+    ("params", "shown"),
+    [
+        ({"apiVersion": V, "kind": "NicConfig", HOSTILE: 1}, "unknown NicConfig field '\\x1b[2J\\x1b[31mpwned\\nE0101"),
+        ({"apiVersion": HOSTILE[:500], "kind": "NicConfig"}, "got '\\x1b[2J"),
+        ({"apiVersion": V, "kind": HOSTILE[:500]}, "got '\\x1b[2J"),
+        ({"apiVersion": V, "kind": "NicConfig", "mode": HOSTILE[:500]}, "NicConfig.mode must be one of"),
+        ({"apiVersion": V, "kind": "GpuConfig", "sharing": HOSTILE[:500]}, "GpuConfig.sharing must be one of"),
+        ({"apiVersion": V, "kind": "NicConfig", "interfaceName": HOSTILE[:500]}, "not a valid interface name"),
+        ({**_nic(addresses=[HOSTILE[:500]]).parameters}, "is not an address with a prefix length"),
+        ({**_nic(routes=[{"destination": HOSTILE[:500]}]).parameters}, "too long for an address or network"),
+        ({**_nic(routes=[{"destination": "\x1b[2J/8"}]).parameters}, "does not appear to be"),
+    ],
+)
+def test_a_tenants_strings_reach_the_error_escaped_and_bounded(params, shown):
+    """The error becomes the kubelet's answer, a PrepareFailed Event and a log line: a tenant's
+    key or value in it is escaped as repr escapes it, cut, and its length told (issue 22, 6)."""
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve([_e(params)], "nic")
+    _assert_safe(str(e.value))
+    assert shown in str(e.value)
+
+
+def test_a_long_key_is_cut_and_its_length_told():
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve([_e({"apiVersion": V, "kind": "NicConfig", HOSTILE: 1})], "nic")
+    assert str(e.value).endswith(f"... ({len(HOSTILE)} characters)")
+
+
+def test_a_request_name_is_shown_escaped():
+    entries = [_e({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive"})]
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve(entries, "nic\x1b[2J")
+    _assert_safe(str(e.value))
+    assert "request 'nic\\x1b[2J'" in str(e.value)
+
+
+def _params_of(size: int) -> dict[str, object]:
+    """NicConfig parameters of exactly `size` bytes of compact JSON, an unknown key making up the rest."""
+    empty = {"apiVersion": V, "kind": "NicConfig", "": 1}
+    key = "k" * (size - len(json.dumps(empty, separators=(",", ":"))))
+    return {"apiVersion": V, "kind": "NicConfig", key: 1}
+
+
+def test_parameters_over_the_api_servers_limit_are_refused_unread():
+    """A 1 MiB key (from an API server that does not hold parameters to 10 KiB) is refused by its
+    size before any of it is looked at or repeated."""
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve([_e(_params_of(2**20))], "nic")
+    assert str(e.value) == f"config[0] (FromClaim): parameters of {2**20} bytes, at most {MAX_OPAQUE_PARAMETERS}"
+
+
+def test_the_limit_is_the_api_servers_own():
+    """10 KiB of JSON, as the API server counts it: what it lets through is decoded (and here
+    fails on its unknown key), one byte more is refused by its size."""
+    with pytest.raises(ConfigDecodeError, match="unknown NicConfig field"):
+        resolve([_e(_params_of(MAX_OPAQUE_PARAMETERS))], "nic")
+    with pytest.raises(ConfigDecodeError, match=f"parameters of {MAX_OPAQUE_PARAMETERS + 1} bytes"):
+        resolve([_e(_params_of(MAX_OPAQUE_PARAMETERS + 1))], "nic")

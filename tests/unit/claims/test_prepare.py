@@ -63,3 +63,14 @@ def test_rejections(claim, match):
 def test_untrusted_references_are_rejected(ref):
     with pytest.raises(ClaimError, match="invalid claim"):
         validate_ref(ref)
+
+
+@pytest.mark.parametrize("field", ["namespace", "name", "uid"])
+def test_a_rejected_reference_is_shown_escaped_with_its_length(field):
+    """The error is the kubelet's answer and a log line: escaped (driver.untrusted), cut, and how
+    long the value was told, not silently cut at 80 characters."""
+    value = "\x1b[2J" + "x" * 5000
+    with pytest.raises(ClaimError) as e:
+        validate_ref(ClaimRef(**{**{"namespace": "ns", "name": "c", "uid": "u"}, field: value}))
+    assert str(e.value).endswith("... (5004 characters)") and "'\\x1b[2J" in str(e.value)
+    assert str(e.value).isprintable()

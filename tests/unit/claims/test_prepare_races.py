@@ -17,7 +17,8 @@ import pytest
 from prepare_fakes import DRIVER, FakeAPI, Host, make_preparer, render_host
 from waiting import wait_for
 
-from driver.claims.checkpoint import STATE_COMPLETED, Checkpoint
+from driver.claims.checkpoint import Checkpoint
+from driver.claims.vocabulary import PrepareState
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +103,7 @@ def test_a_prepare_the_other_instance_took_over_and_finished_keeps_its_files(set
         b.close()
     assert answer.error == "" and answer.devices
     assert "prepared by another instance" in result[0].error
-    assert Checkpoint(data, "boot").read()[ref.uid].state == STATE_COMPLETED
+    assert Checkpoint(data, "boot").read()[ref.uid].state == PrepareState.COMPLETED
     assert len(_files(data, cdi_root)) == 3
     assert api.claims[("default", "c")]["status"]["devices"], "the claim keeps its Ready status"
 
@@ -118,7 +119,7 @@ def test_a_late_unprepare_of_an_old_claim_spares_the_new_claim_of_the_same_name(
     assert status, "the new claim's prepare applied its status"
     assert a.unprepare([old]) == {old.uid: ""}  # retried by the kubelet, long after
     assert _files(data, cdi_root) == before
-    assert Checkpoint(data, "boot").read()[new.uid].state == STATE_COMPLETED
+    assert Checkpoint(data, "boot").read()[new.uid].state == PrepareState.COMPLETED
     # The withdrawal names the old UID, which the API server's precondition refuses for the new claim.
     assert api.applies[-1] == ("default", "c", "uid-old", 0)
     assert api.claims[("default", "c")]["status"]["devices"] == status

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from prepare_fakes import FakeAPI, Host, make_preparer, make_reconciler, nic_name, render_host
 
-from driver.claims.checkpoint import STATE_COMPLETED, Checkpoint, InstanceLock
+from driver.claims.checkpoint import Checkpoint, InstanceLock
+from driver.claims.vocabulary import PrepareState
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def test_an_unreachable_api_server_keeps_every_file_until_it_can_tell(tmp_path: 
         path: content for path, content in before.items() if live.uid in str(path)
     }
     records = checkpoint.read()
-    assert set(records) == {live.uid} and records[live.uid].state == STATE_COMPLETED
+    assert set(records) == {live.uid} and records[live.uid].state == PrepareState.COMPLETED
     assert not checkpoint.incomplete
     assert p.prepare([live])[live.uid] == first, "the kubelet gets the same answer as before"
     p.close()
@@ -130,5 +131,5 @@ def test_a_prepare_after_an_unprepare_that_failed_halfway_restores_every_file_an
     assert again == first
     assert {path: path.read_bytes() for path in _files(tmp_path, ref.uid)} == files
     assert api.claims[("default", "c")]["status"]["devices"]
-    assert Checkpoint(data, "boot").read()[ref.uid].state == STATE_COMPLETED
+    assert Checkpoint(data, "boot").read()[ref.uid].state == PrepareState.COMPLETED
     p.close()

@@ -11,9 +11,10 @@ import pytest
 from prepare_fakes import NODE, FakeAPI, Host, make_preparer, nic_name, render_host
 
 from driver.claims.allocation import ClaimAPI, PrepareSettings
-from driver.claims.checkpoint import STATE_STARTED, Checkpoint
+from driver.claims.checkpoint import Checkpoint
 from driver.claims.metadata import MetadataWriter
 from driver.claims.refresh import NetworkDataRefresh
+from driver.claims.vocabulary import PrepareState
 from driver.kube.api import KubeAPI
 
 LONG_AGO = "2020-01-02T03:04:05Z"
@@ -44,7 +45,7 @@ def test_a_resumed_prepare_keeps_the_ready_transition_time(tmp_path: Path, host:
     _age_ready_conditions(api, "c")
     # Interrupted after the status apply, before the record was completed: the next call redoes it.
     with Checkpoint(tmp_path / "data", "boot").transaction() as claims:
-        claims[ref.uid] = dataclasses.replace(claims[ref.uid], state=STATE_STARTED, owner="a")
+        claims[ref.uid] = dataclasses.replace(claims[ref.uid], state=PrepareState.STARTED, owner="a")
     assert p.prepare([ref])[ref.uid].error == ""
     assert len(api.applies) == 2
     assert _ready_times(api, "c") == [LONG_AGO, LONG_AGO]

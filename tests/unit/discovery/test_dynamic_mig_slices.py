@@ -12,18 +12,30 @@ from types import ModuleType
 import pytest
 from mig_fakes import h100_in_mig_mode
 
+from cdi import is_dns_label
 from driver.discovery.dynamic_mig import parse_placement_name, placement_device_name
 from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.mig import mig_device_name, profile_label
 from driver.health.gpu_policy import NO_INSTANCE, event_targets, index_gpus
 from driver.model import Device, DeviceKind, MigPlacement
 from driver.slices.build import build_slices, device_to_api
 from sim import nvml as sim_nvml
 from sim.apivalidate import slice_problems
-from sim.profile import NodeProfile, h100_node
+from sim.profile import (
+    A100_40GB_MIG,
+    A100_80GB_MIG,
+    H100_80GB_MIG,
+    H200_MIG,
+    RTX_PRO_6000_MIG,
+    MigProfileSpec,
+    NodeProfile,
+    h100_node,
+)
 from sim.sysfs import render_node
 
 Discover = Callable[..., list[Device]]
 H100_DEVICES = 7 + 7 + 4 + 3 + 2 + 1  # placements of the H100 profiles but 7g.80gb (the whole GPU)
+BLACKWELL_DEVICES = 4 * 5 + 2 * 4 + 1  # 1g, +me, +gfx, -me, +me.all; 2g, +gfx, -me, +me.all; 4g+gfx
 
 
 @pytest.fixture
@@ -94,6 +106,10 @@ def _fits(a: Device, b: Device) -> bool:
 def test_counters_allow_exactly_the_pairs_nvml_allows(node: tuple[ModuleType, Path, NodeProfile]) -> None:
     """For every two published partitions: the scheduler may give both out iff NVML can make both."""
     pynvml, root, _ = node
+    _assert_counters_allow_exactly_the_pairs_nvml_allows(pynvml, root)
+
+
+def _assert_counters_allow_exactly_the_pairs_nvml_allows(pynvml: ModuleType, root: Path) -> None:
     partitions = [d for n, d in discover(root).items() if n.startswith("gpu-0") and d.gpu and d.gpu.placement]
     gpu = pynvml.nvmlDeviceGetHandleByIndex(0)
     for a, b in itertools.combinations(partitions, 2):
@@ -167,17 +183,23 @@ def test_a_pass_overlapping_a_mig_change_is_redone(node: tuple[ModuleType, Path,
     assert len(owned_reads) == 2
 
 
-def test_slices_of_eight_dynamic_gpus_pass_the_api_rules(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("profiles", "per_gpu"), [(H100_80GB_MIG, H100_DEVICES + 1), (RTX_PRO_6000_MIG, BLACKWELL_DEVICES + 1)]
+)
+def test_slices_of_eight_dynamic_gpus_pass_the_api_rules(
+    tmp_path: Path, profiles: list[MigProfileSpec], per_gpu: int
+) -> None:
     profile = h100_node(gpus=8, nics=0, mig_capable=True)
     for gpu in profile.gpus:
         gpu.mig_mode = True
+        gpu.mig_profiles = list(profiles)
     render_node(profile, tmp_path / "sys", tmp_path / "dev", tmp_path / "proc")
     sim_nvml.write_state(profile, tmp_path / "nvml.json")
     with sim_nvml.fake_pynvml_in_process(tmp_path / "nvml.json"):
         devices = list(discover(tmp_path).values())
     slices = build_slices(devices, "tandem.dev", "n1", "uid-1", 0)
     counters = [s for s in slices if "sharedCounters" in s["spec"]]
-    assert len(devices) == 8 * (H100_DEVICES + 1)
+    assert len(devices) == 8 * per_gpu
     assert len(counters) == 1 and len(counters[0]["spec"]["sharedCounters"]) == 8
     assert all(len(s["spec"].get("devices", [])) <= 64 for s in slices) and len(slices) == 5
     for s in slices:
@@ -233,3 +255,41 @@ def test_health_reaches_partitions(node: tuple[ModuleType, Path, NodeProfile]) -
     assert event_targets(gpu, 4, 0) == ("gpu-0-mig-1g-20gb-p2",)
     everything = event_targets(gpu, NO_INSTANCE, NO_INSTANCE)
     assert set(everything) == {n for n in devices if n.startswith("gpu-0")} and len(everything) == H100_DEVICES + 1
+
+
+@pytest.mark.parametrize(
+    "profiles", [A100_40GB_MIG, A100_80GB_MIG, H100_80GB_MIG, H200_MIG, RTX_PRO_6000_MIG], ids=lambda t: t[-1].name
+)
+def test_every_simulated_profile_has_a_name_of_its_own(profiles: list[MigProfileSpec]) -> None:
+    """One device name per profile and placement: two profiles with one name publish one of them."""
+    labels = {p.name: profile_label(p.name) for p in profiles}
+    assert None not in labels.values() and len(set(labels.values())) == len(profiles), labels
+    for p in profiles:
+        for name in (placement_device_name(99, p.name, max(p.starts)), mig_device_name(99, p.name, 14, 7)):
+            assert name is not None and is_dns_label(name), name
+
+
+def test_blackwell_profile_suffixes_keep_their_meaning_in_names() -> None:
+    assert profile_label("1g.24gb+me") == "1g-24gb-me"
+    assert profile_label("1g.24gb-me") == "1g-24gb-nome"  # no media engine: not "-me"
+    assert profile_label("1g.24gb+me.all") == "1g-24gb-me-all"
+    assert profile_label("2g.48gb+gfx") == "2g-48gb-gfx"
+    assert profile_label("1g.24gb+nome") is None, "would read as 1g.24gb-me"
+    assert profile_label("1g.24gb me") is None and profile_label("MIG") is None  # outside NVML's grammar
+
+
+def test_a_blackwell_gpu_publishes_every_profile_with_counters_for_its_media_engines(tmp_path: Path) -> None:
+    """RTX PRO 6000 Blackwell: "-me" placements are published beside "+me" ones, and "+me.all"
+    (every decoder, encoder, JPEG and OFA engine on one slice) consumes them all."""
+    with h100_in_mig_mode(tmp_path, RTX_PRO_6000_MIG) as (pynvml, _, _):
+        gpu0 = {n: d for n, d in discover(tmp_path).items() if n.startswith("gpu-0")}
+        assert len(gpu0) == BLACKWELL_DEVICES + 1
+        assert {f"gpu-0-mig-1g-24gb-{s}-p3" for s in ("me", "nome", "me-all", "gfx")} <= set(gpu0)
+        assert gpu0["gpu-0-mig-1g-24gb-nome-p3"].attributes["profile"] == "1g.24gb-me"
+        assert uses(gpu0["gpu-0-mig-1g-24gb-me-all-p3"]) == {
+            "memory-slice-3": 1, "compute-slices": 1, "decoders": 4, "encoders": 4, "jpeg-engines": 4, "ofa-engines": 1,
+        }  # fmt: skip
+        assert uses(gpu0["gpu-0-mig-1g-24gb-nome-p3"]) == {"memory-slice-3": 1, "compute-slices": 1}
+        (use,) = gpu0["gpu-0"].consumes_counters
+        assert use.counters == use.counter_set.counters and len(use.counter_set.counters) == 4 + 5
+        _assert_counters_allow_exactly_the_pairs_nvml_allows(pynvml, tmp_path)

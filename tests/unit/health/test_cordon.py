@@ -147,6 +147,33 @@ def test_wrong_shape_is_corrupt(tmp_path: Path, content: str | bytes) -> None:
     assert len(list(tmp_path.glob("cordons.json.corrupt-*"))) == 1
 
 
+def test_a_file_without_a_version_is_read_and_rewritten_at_the_current_one(tmp_path: Path) -> None:
+    """An upgrade from a release that wrote no version: its cordons still apply."""
+    doc = {"cordons": {"gpu-0": {"reason": "fan", "by": "", "since": ""}}}
+    (tmp_path / "cordons.json").write_text(json.dumps(doc))
+    inv = _inventory("gpu-0", "gpu-1")
+    store = CordonStore(tmp_path, inv)
+    assert [c.device for c in store.load()] == ["gpu-0"]
+    store.cordon("gpu-1", "psu")
+    raw = json.loads(store.path.read_text())
+    assert raw["version"] == cordon_mod.FORMAT_VERSION == 1 and sorted(raw["cordons"]) == ["gpu-0", "gpu-1"]
+
+
+def test_a_file_of_a_newer_format_is_set_aside_whole(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A downgrade: the file is neither misread nor overwritten, and the daemon goes on as for an
+    unreadable file (none of its cordons apply); the newer release can read it again."""
+    content = json.dumps({"version": 2, "cordons": [{"device": "gpu-0", "reason": "fan"}]})
+    (tmp_path / "cordons.json").write_text(content)
+    inv = _inventory("gpu-0")
+    store = CordonStore(tmp_path, inv)
+    assert store.load() == []
+    [aside] = tmp_path.glob("cordons.json.newer-*")
+    assert aside.read_text() == content
+    assert "format version 2 is newer" in caplog.text
+    store.cordon("gpu-0", "again")
+    assert json.loads(store.path.read_text())["version"] == 1 and aside.read_text() == content
+
+
 def test_bad_entry_is_skipped_good_ones_apply(tmp_path: Path) -> None:
     doc = {"version": 1, "cordons": {"gpu-0": {"reason": 7}, "gpu-1": {"reason": "ok", "by": "", "since": ""}}}
     (tmp_path / "cordons.json").write_text(json.dumps(doc))

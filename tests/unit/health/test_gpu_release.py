@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from driver.health.cordon import CordonError
 from driver.health.gpu_release import GpuReleases, ReleaseError
 from driver.inventory import Inventory
 from driver.model import Device, DeviceKind, GpuInfo, TaintEffect
@@ -49,7 +50,7 @@ def test_a_release_survives_a_restart_and_is_taken_back_by_name(tmp_path: Path) 
     assert restarted_access.released()
     assert any("gpu-1-mig-a" in p and "reset" in p for p in again.problems())
     assert [r.gpu for r in again.reacquire("gpu-1-mig-a")] == ["GPU-1"]  # by the name it was released by
-    assert restarted_access.released() == "" and again.list() == []
+    assert restarted_access.released() == "" and again.current() == []
     assert json.loads((tmp_path / "released.json").read_text())["releases"] == []
 
 
@@ -75,8 +76,30 @@ def test_refusals_and_a_corrupt_file(tmp_path: Path) -> None:
     releases = GpuReleases(tmp_path, inv, access=NvmlAccess())
     with pytest.raises(ReleaseError, match="nic-x is not a GPU"):
         releases.release("nic-x", "x")
-    with pytest.raises(ValueError, match="reason must not be empty"):
+    with pytest.raises(CordonError, match="reason must not be empty"):  # the check cordons use too
         releases.release("gpu-0", "  ")
     (tmp_path / "released.json").write_text("{nope")
     assert releases.load() == []
     assert list(tmp_path.glob("released.json.corrupt-*"))
+
+
+def test_a_file_without_a_version_is_read_and_one_of_a_newer_format_set_aside(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An upgrade from a release that wrote no version keeps its releases; a downgrade sets aside
+    the newer file whole rather than misread it, and goes on as for an unreadable file."""
+    inv = Inventory()
+    inv.replace("gpu", [_gpu(0)])
+    path = tmp_path / "released.json"
+    path.write_text(json.dumps({"releases": [{"gpu": "GPU-0", "device": "gpu-0", "reason": "reset"}]}))
+    releases = GpuReleases(tmp_path, inv, access=NvmlAccess())
+    assert [(r.gpu, r.reason) for r in releases.load()] == [("GPU-0", "reset")]
+    releases.release("", "upgrade")
+    assert json.loads(path.read_text())["version"] == 1
+
+    content = json.dumps({"version": 2, "releases": {"GPU-0": {"why": "reset"}}})
+    path.write_text(content)
+    assert GpuReleases(tmp_path, Inventory(), access=NvmlAccess()).load() == []
+    [aside] = tmp_path.glob("released.json.newer-*")
+    assert aside.read_text() == content
+    assert "format version 2 is newer" in caplog.text

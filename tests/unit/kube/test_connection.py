@@ -101,9 +101,41 @@ def test_a_connection_is_kept_and_reused(scripted) -> None:
     srv = scripted(_keep_alive)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
     for _ in range(5):
-        assert pool.request("GET", "/x", None, {}).read() == b"{}"
+        assert pool.request("GET", "/x", None, {}).read(1024) == b"{}"
     assert srv.connections == 1 and len(srv.requests) == 5
     pool.close()
+
+
+def test_a_body_is_read_up_to_the_most_asked_and_a_part_read_closes_its_connection(scripted) -> None:
+    """The reader caps what a server can make it hold. A body read in part cannot carry the next
+    request (its rest would be the next answer), so its connection is closed, not kept."""
+
+    def chunked(conn: socket.socket, _index: int, srv: Scripted) -> None:
+        while srv.request(conn):
+            conn.sendall(
+                b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n8\r\n01234567\r\n8\r\n89abcdef\r\n0\r\n\r\n"
+            )
+
+    srv = scripted(chunked)
+    pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
+    assert pool.request("GET", "/part", None, {}).read(10) == b"0123456789"
+    assert pool.request("GET", "/whole", None, {}).read(1024) == b"0123456789abcdef"
+    assert pool.request("GET", "/again", None, {}).read(1024) == b"0123456789abcdef"
+    assert srv.connections == 2  # a new one after the part read; the one read whole was kept
+    pool.close()
+
+
+def test_a_body_shorter_than_its_content_length_is_an_error(scripted) -> None:
+    """Read with a cap, `http.client` would return it short; a truncated object must not pass."""
+
+    def truncated(conn: socket.socket, _index: int, srv: Scripted) -> None:
+        srv.request(conn)
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{}")
+
+    srv = scripted(truncated)
+    pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
+    with pytest.raises(http.client.IncompleteRead):
+        pool.request("GET", "/x", None, {}).read(1024)
 
 
 @pytest.fixture
@@ -129,7 +161,7 @@ def test_a_connection_with_a_descriptor_from_1024_on_is_kept_and_reused(scripted
     srv = scripted(_keep_alive)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
     for _ in range(3):
-        assert pool.request("GET", "/x", None, {}).read() == b"{}"
+        assert pool.request("GET", "/x", None, {}).read(1024) == b"{}"
     assert srv.connections == 1
     pool.close()
 
@@ -139,7 +171,7 @@ def test_every_request_path_is_put_under_the_server_urls_path(scripted, path: st
     """A proxy in front of several clusters (Rancher) gives each a server URL with a path."""
     srv = scripted(_keep_alive)
     pool = ConnectionPool(srv.url + path, None, None, TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/api/v1/nodes/n?x=1", None, {}).read() == b"{}"
+    assert pool.request("GET", "/api/v1/nodes/n?x=1", None, {}).read(1024) == b"{}"
     assert srv.requests == [b"GET /k8s/clusters/c-1/api/v1/nodes/n?x=1 HTTP/1.1"]
     pool.close()
 
@@ -155,11 +187,11 @@ def test_a_kept_connection_the_server_closed_is_not_used(scripted) -> None:
 
     srv = scripted(answer_once)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/a", None, {}).read() == b"{}"
+    assert pool.request("GET", "/a", None, {}).read(1024) == b"{}"
     assert closed.wait(5)
     # A POST is never sent twice, so it goes through only because the closed connection is
     # noticed before the request is written.
-    assert pool.request("POST", "/b", b"{}", {}).read() == b"{}"
+    assert pool.request("POST", "/b", b"{}", {}).read(1024) == b"{}"
     assert srv.connections == 2
 
 
@@ -190,10 +222,10 @@ def test_a_sent_request_reaches_the_server_before_its_answer_is_asked_for(script
     sent = pool.send("PATCH", "/status", b"{}", {})
     assert received.wait(5), "the request did not reach the server before its answer was asked for"
     answer.set()
-    assert sent.response().read() == b'{"applied":true}'
+    assert sent.response().read(1024) == b'{"applied":true}'
     with pytest.raises(RuntimeError, match="already read"):
         sent.response()  # the connection is back in the pool: reading again would steal another answer
-    assert pool.request("GET", "/next", None, {}).read() == b"{}"
+    assert pool.request("GET", "/next", None, {}).read(1024) == b"{}"
     assert srv.connections == 1, "the connection of a sent request is kept as any other"
     pool.close()
 
@@ -201,9 +233,9 @@ def test_a_sent_request_reaches_the_server_before_its_answer_is_asked_for(script
 def test_a_sent_patch_is_sent_again_when_the_server_closes_as_it_arrives(scripted) -> None:
     srv = scripted(_closes_at_the_second_request)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/one", None, {}).read() == b"{}"
+    assert pool.request("GET", "/one", None, {}).read(1024) == b"{}"
     sent = pool.send("PATCH", "/two", b"{}", {})
-    assert sent.response().read() == b"{}"
+    assert sent.response().read(1024) == b"{}"
     assert srv.requests == [b"GET /one HTTP/1.1", b"PATCH /two HTTP/1.1", b"PATCH /two HTTP/1.1"]
     pool.close()
 
@@ -211,15 +243,15 @@ def test_a_sent_patch_is_sent_again_when_the_server_closes_as_it_arrives(scripte
 def test_a_get_is_sent_again_when_the_server_closes_as_it_arrives(scripted) -> None:
     srv = scripted(_closes_at_the_second_request)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/one", None, {}).read() == b"{}"
-    assert pool.request("GET", "/two", None, {}).read() == b"{}"
+    assert pool.request("GET", "/one", None, {}).read(1024) == b"{}"
+    assert pool.request("GET", "/two", None, {}).read(1024) == b"{}"
     assert srv.requests == [b"GET /one HTTP/1.1", b"GET /two HTTP/1.1", b"GET /two HTTP/1.1"]
 
 
 def test_a_post_is_never_sent_twice(scripted) -> None:
     srv = scripted(_closes_at_the_second_request)
     pool = ConnectionPool(srv.url, None, None, TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/one", None, {}).read() == b"{}"
+    assert pool.request("GET", "/one", None, {}).read(1024) == b"{}"
     with pytest.raises(http.client.RemoteDisconnected):
         pool.request("POST", "/create", b"{}", {})
     assert srv.requests == [b"GET /one HTTP/1.1", b"POST /create HTTP/1.1"]
@@ -296,7 +328,7 @@ def test_a_plain_http_proxy_gets_the_absolute_url_and_credentials(scripted) -> N
     pool = ConnectionPool(
         "http://api.example:8080", None, f"http://user:p%40ss@127.0.0.1:{prx.port}", TIMEOUTS, maxsize=4
     )
-    assert pool.request("GET", "/api/v1/nodes/n", None, {}).read() == b"{}"
+    assert pool.request("GET", "/api/v1/nodes/n", None, {}).read(1024) == b"{}"
     assert prx.requests == [b"GET http://api.example:8080/api/v1/nodes/n HTTP/1.1"]
     assert b"Proxy-Authorization: Basic dXNlcjpwQHNz" in seen[0]  # user:p@ss
 
@@ -305,7 +337,7 @@ def test_a_plain_http_proxy_gets_the_absolute_url_and_credentials(scripted) -> N
 def test_a_plain_http_proxy_gets_the_server_urls_path_once(scripted, path: str) -> None:
     prx = scripted(_keep_alive)
     pool = ConnectionPool("http://api.example:8080" + path, None, f"http://127.0.0.1:{prx.port}", TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/api/v1/nodes/n", None, {}).read() == b"{}"
+    assert pool.request("GET", "/api/v1/nodes/n", None, {}).read(1024) == b"{}"
     assert prx.requests == [b"GET http://api.example:8080/k8s/clusters/c-1/api/v1/nodes/n HTTP/1.1"]
     pool.close()
 
@@ -314,7 +346,7 @@ def test_a_proxy_without_a_scheme_is_an_http_proxy(scripted) -> None:
     """HTTPS_PROXY=proxy:3128 is common, and client-go (Go's net/http) takes it as http://."""
     prx = scripted(_keep_alive)
     pool = ConnectionPool("http://api.example:8080", None, f"127.0.0.1:{prx.port}", TIMEOUTS, maxsize=4)
-    assert pool.request("GET", "/api", None, {}).read() == b"{}"
+    assert pool.request("GET", "/api", None, {}).read(1024) == b"{}"
     assert prx.requests == [b"GET http://api.example:8080/api HTTP/1.1"]
     pool.close()
 

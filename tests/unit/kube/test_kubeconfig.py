@@ -17,7 +17,7 @@ import yaml
 
 from driver.kube import kubeconfig
 from driver.kube.api import ApiError, KubeAPI
-from driver.kube.kubeconfig import ConfigError, TlsSettings, cluster_access, from_kubeconfig, in_cluster
+from driver.kube.kubeconfig import KubeconfigError, TlsSettings, cluster_access, from_kubeconfig, in_cluster
 
 
 def _write(path: Path, doc: dict) -> Path:
@@ -70,9 +70,9 @@ def test_no_proxy_ranges_keep_the_in_cluster_api_server_off_the_proxy(
 
 
 def test_in_cluster_outside_a_cluster_says_so(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="KUBERNETES_SERVICE_HOST"):
+    with pytest.raises(KubeconfigError, match="KUBERNETES_SERVICE_HOST"):
         in_cluster({}, tmp_path)
-    with pytest.raises(ConfigError, match=r"ca\.crt"):
+    with pytest.raises(KubeconfigError, match=r"ca\.crt"):
         in_cluster({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "KUBERNETES_SERVICE_PORT": "443"}, tmp_path)
 
 
@@ -143,7 +143,7 @@ def test_merged_entries_keep_paths_relative_to_the_file_that_names_them(tmp_path
     ],
 )
 def test_unusable_kubeconfigs_name_what_is_wrong(tmp_path: Path, doc: dict, match: str) -> None:
-    with pytest.raises(ConfigError, match=match):
+    with pytest.raises(KubeconfigError, match=match):
         from_kubeconfig(str(_write(tmp_path / "kc", doc)))
 
 
@@ -154,7 +154,7 @@ def test_kubeapi_turns_a_bad_configuration_into_a_permanent_error(
         KubeAPI(str(tmp_path / "missing"))
     assert not e.value.retryable
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ConfigError, match="not in a cluster"):
+    with pytest.raises(KubeconfigError, match="not in a cluster"):
         cluster_access(None)  # no --kubeconfig: in-cluster, which needs the pod's environment
 
 

@@ -1,6 +1,7 @@
-"""The fake NVML's MIG management behaves like NVML on A100/H100/H200-class GPUs: profiles and their
-IDs, possible placements, GPU and compute instances made and destroyed with NVML's return codes, the
-kernel driver's capability files, failures injected at each step, and state that outlives the process."""
+"""The fake NVML's MIG management behaves like NVML on A100/H100/H200-class and Blackwell GPUs:
+profiles and their IDs, possible placements, GPU and compute instances made and destroyed with
+NVML's return codes (media engines one instance holds refused to another), the kernel driver's
+capability files, failures injected at each step, and state that outlives the process."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from mig_fakes import h100_in_mig_mode
 from waiting import poll
 
 from sim import nvml as sim_nvml
-from sim.profile import A100_40GB_MIG, H200_MIG, NodeProfile, h100_node
+from sim.profile import A100_40GB_MIG, H200_MIG, RTX_PRO_6000_MIG, NodeProfile, h100_node
 from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor
 
 H100_PLACEMENTS = {  # profile -> (starts, size): NVIDIA's MIG user guide, H100 80GB
@@ -89,6 +90,27 @@ def test_h200_and_a100_profile_names() -> None:
         "7g.141gb",
     ]
     assert [p.name for p in A100_40GB_MIG][::3] == ["1g.5gb", "2g.10gb", "7g.40gb"]
+
+
+def test_a_blackwell_refuses_an_instance_whose_media_engines_another_holds(tmp_path: Path) -> None:
+    """RTX PRO 6000 Blackwell, as `nvidia-smi mig -lgip` lists it: "+me.all" holds every media
+    engine, so NVML makes no other GPU instance that needs one beside it; a "-me" one needs none."""
+    with h100_in_mig_mode(tmp_path, RTX_PRO_6000_MIG) as (pynvml, _, _):
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        profiles = _profiles(pynvml, handle)
+        assert {n: p.id for n, p in profiles.items()} == {
+            "1g.24gb": 14, "1g.24gb+me": 21, "1g.24gb+gfx": 47, "1g.24gb-me": 67, "1g.24gb+me.all": 65,
+            "2g.48gb": 5, "2g.48gb+gfx": 35, "2g.48gb-me": 66, "2g.48gb+me.all": 64, "4g.96gb": 0, "4g.96gb+gfx": 32,
+        }  # fmt: skip
+        every = profiles["1g.24gb+me.all"]
+        assert (every.decoderCount, every.encoderCount, every.jpegCount, every.ofaCount) == (4, 4, 4, 1)
+        _create(pynvml, handle, 65, 0, 1)  # 1g.24gb+me.all on memory slice 0
+        with pytest.raises(pynvml.NVMLError_InsufficientResources):
+            _create(pynvml, handle, 14, 1, 1)  # 1g.24gb: a decoder, an encoder, a JPEG engine
+        with pytest.raises(pynvml.NVMLError_InsufficientResources):
+            _create(pynvml, handle, 21, 1, 1)  # 1g.24gb+me: the OFA too
+        _create(pynvml, handle, 67, 1, 1)  # 1g.24gb-me: none
+        _create(pynvml, handle, 66, 2, 2)  # 2g.48gb-me: none
 
 
 def test_placement_rules(mig_node: tuple[ModuleType, Path, NodeProfile]) -> None:

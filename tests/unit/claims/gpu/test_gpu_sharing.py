@@ -90,6 +90,11 @@ def _mounts(tmp_path: Path, uid: str) -> dict[str, str]:
     return {m["containerPath"]: m["hostPath"] for d in spec["devices"] for m in d["containerEdits"].get("mounts", [])}
 
 
+def _mount_options(tmp_path: Path, uid: str) -> dict[str, list[str]]:
+    spec = json.loads((tmp_path / "cdi" / f"k8s.{DRIVER}-claim_{uid}.json").read_text())
+    return {m["containerPath"]: m["options"] for d in spec["devices"] for m in d["containerEdits"].get("mounts", [])}
+
+
 # -- publishing ----------------------------------------------------------------------------------
 
 
@@ -169,6 +174,12 @@ def test_an_mps_share_gets_its_limits_and_the_daemon_of_its_gpu(
     assert _env(tmp_path, b.uid)["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=40960M"
     assert _mounts(tmp_path, a.uid)["/tmp/nvidia-mps"] == str(daemons.pipe_dir("gpu-0"))
     assert _mounts(tmp_path, a.uid)["/dev/shm"] == str(daemons.shm_dir("gpu-0"))  # the daemon's private one
+    # What a tenant can write (docs/security.md): the pipe directory and /dev/shm, as CUDA needs;
+    # the daemon's log directory only read; nothing of it with set-uid programs or device nodes.
+    options = _mount_options(tmp_path, a.uid)
+    assert options["/tmp/nvidia-mps"][0] == options["/dev/shm"][0] == "rw"
+    assert options["/var/log/nvidia-mps"][0] == "ro"
+    assert all({"nosuid", "nodev"} <= set(o) for o in options.values() if o[0] == "rw")
     pid = daemons.running("gpu-0")
     assert pid is not None  # one daemon for both claims
     assert preparer.unprepare([a])[a.uid] == ""

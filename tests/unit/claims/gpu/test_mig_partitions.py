@@ -5,99 +5,30 @@ call or at start; only what Tandem recorded is ever destroyed."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from ctypes import byref
-from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
-from prepare_fakes import DRIVER, NODE, FakeAPI
+from mig_fakes import MigNode as Node
+from mig_fakes import mig_node
+from prepare_fakes import NODE
 
-from driver.claims.allocation import PrepareSettings
-from driver.claims.checkpoint import STATE_COMPLETED, STATE_STARTED, Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
-from driver.claims.files import ClaimFiles
-from driver.claims.gpu.mig import MigPartitions
-from driver.claims.metadata import MetadataWriter
-from driver.claims.prepare import Preparer
-from driver.claims.reconcile import Reconciler
+from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+from driver.claims.vocabulary import PrepareState
 from driver.daemon import Daemon
-from driver.discovery.gpu import GpuDiscovery
 from driver.kubelet.server import KubeletServer
-from driver.model import Device, MigPlacement
-from driver.node.driver_root import find_driver_files
-from sim import nvml as sim_nvml
-from sim.driver_files import render_driver_files
-from sim.profile import h100_node
-from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor, render_node
+from driver.model import MigPlacement
+from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor
 
 ONE_G = "gpu-0-mig-1g-10gb-p3"  # 1g.10gb on memory slice 3: GPU instance 10
 THREE_G = "gpu-0-mig-3g-40gb-p4"  # 3g.40gb on memory slices 4-7: GPU instance 2
 
 
-@dataclass
-class Node:
-    root: Path
-    state: Path
-    pynvml: ModuleType
-    devices: dict[str, Device]
-    api: FakeAPI
-    partitions: MigPartitions
-
-    @property
-    def settings(self) -> PrepareSettings:
-        return PrepareSettings(DRIVER, NODE, self.root / "cdi", self.root / "dev", self.root / "proc")
-
-    def files(self) -> ClaimFiles:
-        return ClaimFiles(self.settings, MetadataWriter(self.root / "data", self.root / "cdi", DRIVER))
-
-    def preparer(self, instance: str = "a") -> Preparer:
-        return Preparer(
-            api=self.api,
-            checkpoint=Checkpoint(self.root / "data", "boot"),
-            instance=InstanceLock(self.root / "data", instance),
-            settings=self.settings,
-            lookup_device=self.devices.get,
-            driver_files=lambda: find_driver_files(self.root / "driver"),
-            files=self.files(),
-            partitions=self.partitions,
-        )
-
-    def reconciler(self, preparer: Preparer) -> Reconciler:
-        instance = InstanceLock(self.root / "data", f"start-{uuid.uuid4().hex[:8]}")
-        checkpoint = Checkpoint(self.root / "data", "boot")
-        return Reconciler(self.api, checkpoint, instance, self.settings, self.files(), preparer.prepare,
-                          partitions=self.partitions)  # fmt: skip
-
-    def instances(self) -> list[tuple[str, int, int | None]]:
-        """What NVML holds on GPU 0: (profile, GPU instance, compute instance)."""
-        migs = sim_nvml.read_state(self.state).gpus[0].mig_devices
-        return sorted((m.profile, m.gi_id, m.ci_id) for m in migs)
-
-    def inject(self, function: str, code: int) -> None:
-        profile = sim_nvml.read_state(self.state)
-        profile.gpus[0].nvml_errors = {function: code} if function else {}
-        sim_nvml.write_state(profile, self.state)
-
-    def records(self) -> dict[str, ClaimRecord]:
-        return Checkpoint(self.root / "data", "boot").read()
-
-
 @pytest.fixture
 def node(tmp_path: Path) -> Iterator[Node]:
-    profile = h100_node(NODE, gpus=2, nics=0, mig_capable=True)
-    profile.gpus[0].mig_mode = True
-    render_node(profile, tmp_path / "sys", tmp_path / "dev", tmp_path / "proc", lazy_nodes=True)
-    render_driver_files(tmp_path / "driver")
-    state = tmp_path / "nvml.json"
-    sim_nvml.write_state(profile, state, proc_root=tmp_path / "proc")
-    with sim_nvml.fake_pynvml_in_process(state) as pynvml:
-        devices = GpuDiscovery(
-            tmp_path / "sys", proc_root=tmp_path / "proc", dynamic_mig=lambda minor, uuid: minor == 0
-        ).discover()
-        yield Node(tmp_path, state, pynvml, {d.name: d for d in devices}, FakeAPI(),
-                   MigPartitions(Path("/"), tmp_path / "proc"))  # fmt: skip
+    with mig_node(tmp_path) as n:
+        yield n
 
 
 def _spec(node: Node, uid: str) -> dict:
@@ -126,7 +57,7 @@ def test_prepare_makes_the_allocated_placement_and_unprepare_destroys_it(node: N
     env = [e for d in spec["devices"] for e in d["containerEdits"]["env"]]
     assert any(e.startswith("TANDEM_DEVICE_GPU_0_MIG_1G_10GB_P3=MIG-") for e in env)
     record = node.records()[one.uid]
-    assert record.state == STATE_COMPLETED
+    assert record.state == PrepareState.COMPLETED
     assert record.devices[0].mig == MigPlacement(node.devices[ONE_G].gpu.parent_uuid, 19, 3, 1)  # type: ignore[union-attr]
     assert p.prepare([one])[one.uid] == results[one.uid]  # the same answer, nothing made twice
     assert node.instances() == [("1g.10gb", 10, 0), ("3g.40gb", 2, 0)]
@@ -169,7 +100,7 @@ def test_a_failed_compute_instance_rolls_back_its_gpu_instance(node: Node) -> No
     assert node.instances() == [] and node.records() == {}  # rolled back: no half-made partition
     node.inject("", 0)
     assert p.prepare([claim])[claim.uid].error == ""
-    assert node.instances() == [("1g.10gb", 10, 0)] and node.records()[claim.uid].state == STATE_COMPLETED
+    assert node.instances() == [("1g.10gb", 10, 0)] and node.records()[claim.uid].state == PrepareState.COMPLETED
     p.close()
 
 
@@ -198,7 +129,7 @@ def test_start_up_rolls_back_a_dead_instances_half_made_partition(node: Node) ->
     node.pynvml.nvmlShutdown()
     with Checkpoint(node.root / "data", "boot").transaction() as claims:
         device = DeviceRecord(("mig",), NODE, ONE_G, mig=placement)
-        claims["uid-dead"] = ClaimRecord("default", "c", "uid-dead", STATE_STARTED, (device,), owner="gone-1234")
+        claims["uid-dead"] = ClaimRecord("default", "c", "uid-dead", PrepareState.STARTED, (device,), owner="gone-1234")
     node.reconciler(p).run()
     assert node.instances() == [] and node.records() == {}
     p.close()

@@ -19,6 +19,7 @@ from test_gpu_sharing import _claim, _preparer, daemons, host  # noqa: F401  (fi
 from driver.claims.gpu.mps import MpsDaemons
 from driver.claims.gpu.sharing import GpuSharing, time_slice_gpus
 from driver.claims.gpu.time_slices import STATE_FILE, TimeSliceError, TimeSlices
+from driver.claims.vocabulary import TimeSliceInterval
 from driver.discovery.shared_gpu import COMPUTE, MEMORY
 from sim import nvml as sim_nvml
 from sim.driver_files import BIN_DIR
@@ -160,7 +161,7 @@ def test_a_noted_interval_no_record_needs_is_restored_at_start_up(tmp_path: Path
     """A kill -9 after the last claim's record went and before nvidia-smi restored the default:
     the note survives, and the start-up sync restores the GPU."""
     uuid = sim_nvml.read_state(state).gpus[2].uuid
-    needed: dict[str, tuple[str, str]] = {"gpu-2": (uuid, "Long")}
+    needed: dict[str, tuple[str | None, TimeSliceInterval]] = {"gpu-2": (uuid, TimeSliceInterval.LONG)}
     slices = TimeSlices(tmp_path / "data", tmp_path / "node" / "driver", lambda: needed)
     slices.sync()
     assert _slices(state)[2] == 3
@@ -172,7 +173,7 @@ def test_a_noted_interval_no_record_needs_is_restored_at_start_up(tmp_path: Path
 def test_an_interval_is_noted_before_nvidia_smi_runs(tmp_path: Path, state: Path) -> None:
     """nvidia-smi missing (or killed): the note already names the GPU, so nothing is forgotten."""
     uuid = sim_nvml.read_state(state).gpus[0].uuid
-    slices = TimeSlices(tmp_path / "data", tmp_path / "nowhere", lambda: {"gpu-0": (uuid, "Short")})
+    slices = TimeSlices(tmp_path / "data", tmp_path / "nowhere", lambda: {"gpu-0": (uuid, TimeSliceInterval.SHORT)})
     with pytest.raises(TimeSliceError, match="nvidia-smi is not in usr/bin"):
         slices.sync()
     assert slices.applied() == {"gpu-0": (uuid, "Short")}
@@ -184,12 +185,12 @@ def test_an_interval_is_kept_while_its_gpu_is_unknown_or_the_records_may_be_inco
     """NVML unanswered (the GPU's UUID unknown now) or a lost checkpoint (a running pod's record
     not rebuilt yet): the pod's interval stays; the default comes back once the records say so."""
     uuid = sim_nvml.read_state(state).gpus[1].uuid
-    needed: dict[str, tuple[str | None, str]] = {"gpu-1": (uuid, "Medium")}
+    needed: dict[str, tuple[str | None, TimeSliceInterval]] = {"gpu-1": (uuid, TimeSliceInterval.MEDIUM)}
     complete = True
     slices = TimeSlices(tmp_path / "data", tmp_path / "node" / "driver", lambda: needed, complete=lambda: complete)
     slices.sync()
     assert _slices(state)[1] == 2
-    needed["gpu-1"] = (None, "Medium")
+    needed["gpu-1"] = (None, TimeSliceInterval.MEDIUM)
     slices.sync(everything=True)
     assert _slices(state)[1] == 2 and slices.applied() == {"gpu-1": (uuid, "Medium")}
     needed.clear()
@@ -201,19 +202,10 @@ def test_an_interval_is_kept_while_its_gpu_is_unknown_or_the_records_may_be_inco
     assert _slices(state)[1] == 0 and slices.applied() == {}
 
 
-def test_an_interval_this_version_does_not_know_is_an_error_not_a_crash(tmp_path: Path, state: Path) -> None:
-    """A record written by a newer version, then a downgrade: start-up logs it and goes on."""
-    uuid = sim_nvml.read_state(state).gpus[0].uuid
-    slices = TimeSlices(tmp_path / "data", tmp_path / "node" / "driver", lambda: {"gpu-0": (uuid, "Eternal")})
-    with pytest.raises(TimeSliceError, match="'Eternal' is unknown to this version"):
-        slices.sync(everything=True)
-    assert _slices(state)[0] == 0
-
-
 def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_takes(tmp_path: Path) -> None:
     held: list[bool] = []
 
-    def needed() -> dict[str, tuple[str | None, str]]:
+    def needed() -> dict[str, tuple[str | None, TimeSliceInterval]]:
         held.append(locked_elsewhere(tmp_path / "data" / "time-slices.lock"))
         return {}
 
