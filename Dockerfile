@@ -7,7 +7,14 @@
 # no code it does not run. `tandem-driver demo` therefore does not work in this image; run it in a
 # checkout, with `hack/demo.sh` or after `pip install '.[sim]'`.
 #
-#   podman build -t tandem-driver:0.1.0 .        (or: docker build -t tandem-driver:0.1.0 .)
+#   podman build --build-arg TANDEM_COMMIT="$(git rev-parse HEAD)" \
+#     --build-arg TANDEM_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" -t tandem-driver:0.2.0.dev0 .
+#   (or docker build with the same arguments)
+#
+# Those build args say what the image was built from (hack/cluster/build.sh passes them): they
+# become its OCI labels and, as TANDEM_COMMIT and TANDEM_CREATED in its environment, what
+# `tandem-driver --version` and the daemon's first log line report, since the image has no .git to
+# ask. Without them the labels are empty and the commit reads `unknown`.
 #
 # Two stages: the builder turns the hash-pinned lock files into wheels and builds Tandem's own
 # wheel; the final stage installs only those wheels, from a bind mount, so neither the wheels
@@ -72,5 +79,19 @@ RUN groupadd --system --gid 10001 tandem \
  && useradd --system --uid 10001 --gid tandem --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin tandem
 USER 10001:10001
+# What this image was built from (see the top). Declared last, so that a new commit or build time
+# changes only the metadata below, never the install layers above (a RUN after an ARG is keyed by
+# its value). TANDEM_VERSION defaults to pyproject.toml's version (tests/unit/test_dockerfile.py
+# keeps the two equal); TANDEM_SOURCE is the repository's URL, for whoever publishes the image.
+ARG TANDEM_VERSION=0.2.0.dev0
+ARG TANDEM_COMMIT=
+ARG TANDEM_CREATED=
+ARG TANDEM_SOURCE=
+LABEL org.opencontainers.image.version="${TANDEM_VERSION}" \
+      org.opencontainers.image.revision="${TANDEM_COMMIT}" \
+      org.opencontainers.image.created="${TANDEM_CREATED}" \
+      org.opencontainers.image.source="${TANDEM_SOURCE}"
+ENV TANDEM_COMMIT="${TANDEM_COMMIT}" \
+    TANDEM_CREATED="${TANDEM_CREATED}"
 ENTRYPOINT ["tandem-driver"]
 CMD ["run"]

@@ -2,7 +2,9 @@
 
 Every daemon flag can also come from an environment variable, because a DaemonSet sets
 NODE_NAME and POD_UID through the downward API and later tooling drives the daemon that way.
-A bad value is a one-line error and exit code 2, never a traceback.
+A bad value is a one-line error and exit code 2, never a traceback. Over 400 lines on purpose:
+every daemon flag, its environment variable, default and check are declared in one table
+(`_add_run_flags`), which README's flag table mirrors and which reads best whole.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from driver.config import (
     parse_xids,
 )
 from driver.health import parse_taint_effects
+from driver.version import add_version_flag
 
 EXIT_USAGE = 2
 
@@ -334,6 +337,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
 
 def driver_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tandem-driver", description="Tandem DRA driver for NVIDIA GPUs and RDMA NICs")
+    add_version_flag(p)
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
 
     def command(name: str, help: str) -> _Parser:
@@ -352,7 +356,7 @@ def driver_parser() -> argparse.ArgumentParser:
 
 def driver_main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("run", "demo", "liveness", "-h", "--help"):
+    if not args or args[0] not in ("run", "demo", "liveness", "-h", "--help", "--version"):
         args.insert(0, "run")
     parser = driver_parser()
     ns = parser.parse_args(args)

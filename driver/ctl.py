@@ -21,6 +21,7 @@ from typing import Any
 from driver.errors import EndpointError
 from driver.health.gpu_release import RELEASE_TIMEOUT
 from driver.status_socket import status_socket_path
+from driver.version import add_version_flag
 
 EXIT_OK = 0
 EXIT_DEGRADED = 1  # also: the daemon refused the request
@@ -141,6 +142,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog="exit codes: 0 ok/healthy, 1 degraded or request refused, 2 daemon unreachable; "
         "usage errors exit 2 as well",
     )
+    add_version_flag(p)
     p.add_argument("--driver-name", default=env("DRIVER_NAME", "tandem.dev"), help="(DRIVER_NAME)")
     p.add_argument(
         "--kubelet-plugins-dir",

@@ -53,6 +53,7 @@ from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
 from driver.status_socket import StatusServer, status_socket_path
+from driver.version import describe
 
 log = logging.getLogger(__name__)
 
@@ -385,7 +386,7 @@ def run_daemon(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("starting node=%s driver=%s pid=%d", config.node_name, config.driver_name, os.getpid())
+    log.info("starting %s node=%s driver=%s pid=%d", describe(), config.node_name, config.driver_name, os.getpid())
     try:
         daemon = Daemon(config)
         daemon.start()

@@ -43,7 +43,7 @@ and kinds, so it cannot go stale:
     │   ├── fsutil.StateFileError                   a state file this release cannot read
     │   │   └── fsutil.NewerFormat                  ... written by a newer release
     │   ├── claims.device_nodes.DeviceNodeError     a device node missing that cannot be made
-    │   └── claims.metadata.MetadataError           device metadata not written or not readable
+    │   └── claims.metadata_format.MetadataError    device metadata not written or not readable
     ├── ApiServerError                              kind "api": the API server
     │   └── kube.api.ApiError                       a failed API call (`status`, `retryable`)
     │       ├── kube.api.Conflict

@@ -1,5 +1,5 @@
 """A claim as the prepare path sees it: the kubelet's reference, validated, and the devices the
-scheduler allocated to this driver in this node's pool.
+scheduler allocated to this driver in this node's pool, none of them prepared for another claim.
 
 Claim names, namespaces and UIDs come from the kubelet but name API objects and files: they are
 validated before anything else sees them. Shared by the prepare transaction and the NIC
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cdi import is_dns_label, is_dns_subdomain
-from driver.claims.checkpoint import DeviceRecord
+from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.config import is_uid
 from driver.errors import InvalidInput
 from driver.kube.types import AllocatedDeviceStatus, ResourceClaim
@@ -125,6 +125,22 @@ def allocated_devices(claim: ResourceClaim, ref: ClaimRef, driver_name: str, poo
             consumed={str(k): str(v) for k, v in (r.get("consumedCapacity") or {}).items()},
         )
     return list(by_device.values())
+
+
+def check_not_in_use(ref: ClaimRef, devices: list[DeviceRecord], claims: dict[str, ClaimRecord]) -> None:
+    """Last line of defence against scheduler races and force-deleted pods."""
+    for d in devices:
+        if d.admin_access or d.share_id is not None:
+            continue
+        for other in claims.values():
+            if other.uid == ref.uid:
+                continue
+            for od in other.devices:
+                if od.device == d.device and not od.admin_access and od.share_id is None:
+                    raise ClaimError(
+                        f"device {d.device!r} is already prepared for claim {other.namespace}/{other.name} "
+                        f"({other.uid})"
+                    )
 
 
 class _ClaimLock:

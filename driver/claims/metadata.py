@@ -4,11 +4,12 @@ Per prepared claim and request (docs/reference/device-metadata.md):
 
 * host file `<dataDir>/dra-device-metadata/<claimUID>/<baseRequest>/metadata.json`
   (directories 0755, file 0644): a JSON stream, one indented `DeviceMetadata` object per
-  supported version, newest first, each followed by a newline. The Go library names the
-  directory `<namespace>_<name>`; Tandem keys it by claim UID instead, like every other file it
-  keeps for a claim, so that a claim deleted and recreated under the same name (Jobs do this)
-  never shares a file with its predecessor: a late Unprepare of the old claim cannot remove what
-  the new claim's containers mount. Containers see the same paths either way;
+  supported version, newest first, each followed by a newline (`driver.claims.metadata_format`).
+  The Go library names the directory `<namespace>_<name>`; Tandem keys it by claim UID instead,
+  like every other file it keeps for a claim, so that a claim deleted and recreated under the
+  same name (Jobs do this) never shares a file with its predecessor: a late Unprepare of the old
+  claim cannot remove what the new claim's containers mount. Containers see the same paths
+  either way;
 * CDI spec `<cdiDir>/<driver>_metadata_<claimUID>_<baseRequest>.json` (0644, kind
   `<driver>/metadata`, cdiVersion 0.5.0), one device `<claimUID>_<baseRequest>` that bind-mounts
   the host file read-only at
@@ -29,28 +30,22 @@ record of prepared claims needs when the checkpoint is lost.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import cdi
 from cdi import atomic_write, is_dns_label
+from driver.claims.metadata_format import MetadataDevice, MetadataError, decode_stream, document, encode_stream
 from driver.config import is_uid
-from driver.errors import NodeError
 from driver.fsutil import PREPARED_STATE_DURABLE
-from driver.kube.types import NetworkDeviceData
-from driver.model import Device, attribute_to_api
 from driver.untrusted import shown
 
 log = logging.getLogger(__name__)
 
-API_VERSION = "metadata.resource.k8s.io/v1alpha1"
-KIND = "DeviceMetadata"
 METADATA_DIR = "dra-device-metadata"
 METADATA_FILE = "metadata.json"
 CONTAINER_ROOT = "/var/run/kubernetes.io/dra-device-attributes"
@@ -60,24 +55,6 @@ MOUNT_OPTIONS = ("ro", "bind")
 DIR_MODE = 0o755
 FILE_MODE = 0o644
 MAX_FILE_BYTES = 4 * 1024 * 1024
-
-
-class MetadataError(NodeError):
-    """Metadata cannot be written or updated for this claim; the message names what and why."""
-
-
-@dataclass(frozen=True)
-class MetadataDevice:
-    request: str  # request reference as allocated (may be "req/sub")
-    pool: str
-    name: str
-    attributes: dict[str, dict[str, Any]]  # API JSON form, e.g. {"type": {"string": "gpu"}}
-    network_data: NetworkDeviceData | None = None
-
-
-def attributes_json(device: Device) -> dict[str, dict[str, Any]]:
-    """The device's attributes as the ResourceSlice publishes them, so a container reads the same values."""
-    return {k: attribute_to_api(v) for k, v in sorted(device.attributes.items())}
 
 
 def base_request(request: str) -> str:
@@ -120,83 +97,6 @@ def _under(base: Path, path: Path) -> Path:
     if not norm.startswith(norm_base.rstrip("/") + "/"):
         raise MetadataError(f"metadata path {path} is outside {base}")
     return Path(norm)
-
-
-def _device_json(driver: str, d: MetadataDevice) -> dict[str, Any]:
-    out: dict[str, Any] = {"driver": driver, "pool": d.pool, "name": d.name}
-    if d.attributes:
-        out["attributes"] = d.attributes
-    if d.network_data is not None:
-        out["networkData"] = d.network_data
-    return out
-
-
-def _document(
-    driver: str,
-    namespace: str,
-    name: str,
-    uid: str,
-    generation: int,
-    pod_claim_name: str,
-    request: str,
-    devices: Sequence[MetadataDevice],
-) -> dict[str, Any]:
-    """One `DeviceMetadata` object, keys in the Go encoder's order (TypeMeta is kind, apiVersion)."""
-    doc: dict[str, Any] = {
-        "kind": KIND,
-        "apiVersion": API_VERSION,
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "uid": uid,
-            "generation": generation,
-            "creationTimestamp": None,
-        },
-    }
-    if pod_claim_name:
-        doc["podClaimName"] = pod_claim_name
-    req: dict[str, Any] = {"name": request}
-    if devices:
-        req["devices"] = [_device_json(driver, d) for d in devices]
-    doc["requests"] = [req]
-    return doc
-
-
-def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
-    """The stream: each version's object (newest first), indented, each followed by a newline."""
-    return "".join(json.dumps(doc, indent=2, ensure_ascii=False) + "\n" for doc in documents).encode()
-
-
-def decode_stream(data: bytes) -> dict[str, Any]:
-    """The first object of a version we know, by the consumer's rules (docs/reference/device-metadata.md, 'Consumer rules')."""
-    try:
-        text = data.decode()
-    except UnicodeDecodeError as e:
-        raise MetadataError(f"metadata file is not UTF-8: {e}") from None
-    decoder = json.JSONDecoder()
-    pos, unknown = 0, []
-    while True:
-        while pos < len(text) and text[pos].isspace():
-            pos += 1
-        if pos == len(text):
-            break
-        try:
-            obj, pos = decoder.raw_decode(text, pos)
-        except ValueError as e:
-            raise MetadataError(f"metadata file is not a JSON stream: {e}") from None
-        if not isinstance(obj, dict) or not isinstance(obj.get("apiVersion"), str):
-            raise MetadataError("metadata object without apiVersion")
-        if obj["apiVersion"] != API_VERSION:
-            unknown.append(obj["apiVersion"])
-            continue
-        if obj.get("kind") != KIND:
-            raise MetadataError(f"metadata object of kind {obj.get('kind')!r}, expected {KIND}")
-        if not isinstance(obj.get("metadata"), dict) or not isinstance(obj.get("requests", []), list):
-            raise MetadataError("metadata object with a malformed metadata or requests field")
-        return obj
-    if unknown:
-        raise MetadataError(f"no compatible metadata version found (unknown versions: {', '.join(unknown)})")
-    raise MetadataError("no metadata objects found")
 
 
 class MetadataWriter:
@@ -292,18 +192,18 @@ class MetadataWriter:
         if existing is not None and existing["metadata"].get("uid") == uid:
             old_generation = existing["metadata"].get("generation")
             old_generation = old_generation if isinstance(old_generation, int) else 0
-            same = _document(self.driver, namespace, name, uid, old_generation, pod_claim_name, request, devices)
+            same = document(self.driver, namespace, name, uid, old_generation, pod_claim_name, request, devices)
             if same == existing:
                 return
             # Same claim, new content: containers may already hold the file, so keep its inode.
-            doc = _document(self.driver, namespace, name, uid, old_generation + 1, pod_claim_name, request, devices)
+            doc = document(self.driver, namespace, name, uid, old_generation + 1, pod_claim_name, request, devices)
             _rewrite_in_place(path, encode_stream([doc]))
             return
         # A new file (or one left unreadable, or naming another UID): a fresh inode.
         self._mkdirs(path.parent)
         atomic_write(
             path,
-            encode_stream([_document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)]),
+            encode_stream([document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)]),
             FILE_MODE,
             durable=PREPARED_STATE_DURABLE,
         )
@@ -338,7 +238,7 @@ class MetadataWriter:
         requests = existing.get("requests") or [{}]
         old_ref = requests[0].get("name") if isinstance(requests[0], dict) else None
         ref = request if "/" in request or not isinstance(old_ref, str) else old_ref
-        doc = _document(self.driver, namespace, name, uid, generation + 1, str(pod_claim_name), ref, devices)
+        doc = document(self.driver, namespace, name, uid, generation + 1, str(pod_claim_name), ref, devices)
         _rewrite_in_place(path, encode_stream([doc]))
 
     # -- unprepare and reconciliation ----------------------------------------------------------

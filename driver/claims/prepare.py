@@ -12,11 +12,11 @@ of the pod's claims sees one consistent environment.
 
 Prepare is two-phase so that kill -9 at any line is recoverable. The checkpoint records
 PrepareStarted *before* any file is written and PrepareCompleted after the last one; unprepare
-removes files before the record. So a file on disk always has a record, and a PrepareStarted
-record means "maybe half done": the next prepare of that claim redoes every (idempotent) step,
-and start-up (`driver.claims.reconcile`) rolls back those whose owning instance is dead. Every file of a
-claim is named by its UID (`driver.claims.files`), so nothing done for one claim touches another
-claim of the same name.
+(`driver.claims.unprepare`) removes files before the record. So a file on disk always has a
+record, and a PrepareStarted record means "maybe half done": the next prepare of that claim redoes
+every (idempotent) step, and start-up (`driver.claims.reconcile`) rolls back those whose owning
+instance is dead. Every file of a claim is named by its UID (`driver.claims.files`), so nothing
+done for one claim touches another claim of the same name.
 
 What goes into the claim status is `driver.claims.status`; keeping it current when a NIC's
 addresses change later is `driver.claims.refresh`. The status apply is a round trip to the API
@@ -42,9 +42,9 @@ from driver.claims.allocation import (
     ClaimError,
     ClaimLocks,
     ClaimRef,
-    PendingApply,
     PrepareSettings,
     allocated_devices,
+    check_not_in_use,
     validate_ref,
 )
 from driver.claims.cdi_spec import ClaimSpecError, PlannedDevice, claim_spec, pairing_metadata, pod_pairs
@@ -53,11 +53,13 @@ from driver.claims.device_nodes import DeviceNodes
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigError, MigPartitions, with_placements
 from driver.claims.gpu.sharing import GpuSharing, check_time_slices, with_sharing
-from driver.claims.metadata import MetadataDevice, MetadataError, assign_metadata_ids, attributes_json
+from driver.claims.metadata import assign_metadata_ids
+from driver.claims.metadata_format import MetadataDevice, MetadataError, attributes_json
 from driver.claims.nic.homes import NicHomes
 from driver.claims.nic.modes import check_nic_modes
 from driver.claims.opaque_config import ConfigDecodeError, opaque_entries, resolve
 from driver.claims.status import current_devices, network_data, status_entries
+from driver.claims.unprepare import Unpreparer
 from driver.claims.vocabulary import PrepareState
 from driver.kube.types import ResourceClaim
 from driver.logs import log_context
@@ -117,6 +119,7 @@ class Preparer:
         self._driver_files = driver_files
         self._files = files
         self._pool_exec = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="claim")
+        self._unpreparer = Unpreparer(api, checkpoint, files, partitions, self._sharing, settings.driver_name)
         self.claim_locks = ClaimLocks()
 
     def close(self) -> None:
@@ -147,7 +150,7 @@ class Preparer:
         # Nothing with an invalid reference can have been prepared: succeed so the kubelet stops asking.
         results = dict.fromkeys(invalid, "")
         with self.claim_locks.hold_all(valid):
-            results.update(zip(valid, self._each(self._unprepare_one, valid.values()), strict=True))
+            results.update(zip(valid, self._each(self._unpreparer.unprepare, valid.values()), strict=True))
         return {r.uid: results[r.uid] for r in refs}
 
     def _each(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> list[Any]:
@@ -255,7 +258,7 @@ class Preparer:
                 completed = None
                 if existing is not None:
                     log.info("completing a prepare that was interrupted", extra=p.ctx)
-                self._check_not_in_use(ref, records, claims)
+                check_not_in_use(ref, records, claims)
                 check_time_slices(ref.uid, records, claims)  # the interval is the whole GPU's
                 claims[ref.uid] = ClaimRecord(
                     namespace=ref.namespace,
@@ -317,11 +320,7 @@ class Preparer:
             raise ClaimError(
                 f"claim {ref.namespace}/{ref.name} was prepared by another instance of the driver meanwhile"
             )
-        clearing = self._send_clear(ref, p.ctx)
-        try:
-            self._files.remove(ref.uid)
-        finally:
-            _cleared(clearing, p.ctx)
+        self._unpreparer.take_away(ref, p.ctx)
         raise ClaimError(f"claim {ref.namespace}/{ref.name} was unprepared while being prepared")
 
     def _write_metadata(
@@ -357,76 +356,6 @@ class Preparer:
             # As the reference library does: metadata is a convenience, not a reason to fail the pod.
             log.exception("device metadata not written; the claim is prepared without it", extra=ctx)
             return {}
-
-    @staticmethod
-    def _check_not_in_use(ref: ClaimRef, devices: list[DeviceRecord], claims: dict[str, ClaimRecord]) -> None:
-        """Last line of defence against scheduler races and force-deleted pods."""
-        for d in devices:
-            if d.admin_access or d.share_id is not None:
-                continue
-            for other in claims.values():
-                if other.uid == ref.uid:
-                    continue
-                for od in other.devices:
-                    if od.device == d.device and not od.admin_access and od.share_id is None:
-                        raise ClaimError(
-                            f"device {d.device!r} is already prepared for claim {other.namespace}/{other.name} "
-                            f"({other.uid})"
-                        )
-
-    # --- unprepare ----------------------------------------------------------------------------
-
-    def _unprepare_one(self, ref: ClaimRef) -> str:
-        ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
-        with log_context(**ctx):
-            try:
-                # Everything is found by the UID alone: a late Unprepare of an old claim never
-                # touches a new claim of the same name. The files go even without a record: the
-                # kubelet says the claim is no longer needed, whatever the checkpoint lost.
-                record = self._checkpoint.read().get(ref.uid)
-                # Our status entries are withdrawn while the files go (module docstring); without
-                # a record too: a prepare rolled back after its apply (kill -9, then start-up) or a
-                # lost checkpoint leaves no record, but may have left a Ready status.
-                clearing = self._send_clear(ref, ctx)
-                try:
-                    self._files.remove(ref.uid)
-                finally:
-                    _cleared(clearing, ctx)
-                # Before the record goes (a crash here is retried); also what the MIG note gives it.
-                self._partitions.destroy(ref.uid, [d.mig for d in record.devices if d.mig] if record else [])
-                if record is None:
-                    log.info("claim has no record here: only its files and status, if any, were removed", extra=ctx)
-                    return ""
-                with self._checkpoint.transaction() as claims:
-                    claims.pop(ref.uid, None)
-                if any(d.sharing for d in record.devices):
-                    self._sharing.released()  # its GPU's MPS daemon, if no other claim needs it
-                log.info("unprepared", extra=ctx)
-                return ""
-            except Exception as e:
-                log.exception("unprepare failed", extra=ctx)
-                return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
-
-    def _send_clear(self, ref: ClaimRef, ctx: dict[str, str]) -> PendingApply | None:
-        """Send the withdrawal of our status.devices entries; the claim may already be gone, which is fine."""
-        try:
-            return self._api.send_claim_status(
-                ref.namespace, ref.name, [], field_manager=self._s.driver_name, uid=ref.uid
-            )
-        except Exception as e:
-            _not_cleared(e, ctx)
-            return None
-
-
-def _not_cleared(error: Exception, ctx: dict[str, str]) -> None:
-    """A withdrawal that failed (to be sent or answered) is no reason to fail the unprepare."""
-    log.info("claim status not cleared (%s); it goes with the claim", error, extra=ctx)
-
-
-def _cleared(clearing: PendingApply | None, ctx: dict[str, str]) -> None:
-    """The answer to a withdrawal `_send_clear` sent, if it sent one."""
-    if clearing is not None and (error := clearing.wait()) is not None:
-        _not_cleared(error, ctx)
 
 
 def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:

@@ -18,21 +18,14 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
   so releasing one GPU releases NVML) the session is closed at once and none is opened until the
   reacquire; the GPUs' last verdicts stand meanwhile.
 
-Conditions are recorded against what they are about, by UUID (`HealthState`): a GPU's probe
-verdicts and the events NVML attributes to no instance against the GPU, and so against every
-device of it; an event attributed to a MIG device against that instance. A device publishes its
-GPU's and its own instance's. A name outlives its instance: a MIG device destroyed and made again
-at the same GI/CI is a new instance with a new UUID, a GPU swapped in at the same minor has a new
-UUID too, and neither inherits what the old one had; a dynamic-MIG partition not made yet has no
-instance of its own, so only its GPU's.
-
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
 errors no event reported (e.g. a lost event), to all devices of the GPU (`gpu_memory`).
 
 What the observations mean is `gpu_policy`; the NVML event set and registration `nvml_events`;
-what the probe reads of a GPU's memory `gpu_memory`. This module is the thread that ties them to
-NVML and the inventory.
+what the probe reads of a GPU's memory `gpu_memory`; the conditions, kept by UUID (a GPU's, a MIG
+device's), and their publishing to the inventory `gpu_conditions`; the counters `gpu_counters`.
+This module is the thread that ties them to NVML.
 
 Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
 monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
@@ -40,24 +33,22 @@ monitor leaves its last conditions in the inventory: they describe the hardware 
 
 from __future__ import annotations
 
-import copy
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from driver.backoff import Backoff, Retry
 from driver.health import nvml_events
+from driver.health.gpu_conditions import GpuConditions
+from driver.health.gpu_counters import GpuHealthCounters, SharedCounters
 from driver.health.gpu_memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
 from driver.health.gpu_policy import (
     NO_INSTANCE,
-    EventRate,
     GpuDevices,
     GpuHealthPolicy,
-    HealthState,
     RecoveryAction,
     event_subjects,
     event_targets,
@@ -91,19 +82,6 @@ log = logging.getLogger(__name__)
 INIT_BACKOFF = Backoff(initial=1.0, maximum=60.0)  # between nvmlInit attempts while NVML is unavailable
 
 
-@dataclass
-class GpuHealthCounters:
-    """What the monitor has seen since it started; the metrics module exports these."""
-
-    events: dict[str, int] = field(default_factory=dict)  # by type: xid, double_bit_ecc, ...
-    xids: dict[int, int] = field(default_factory=dict)  # by XID number
-    single_bit_ecc: int = 0
-    double_bit_ecc: int = 0
-    probes: int = 0
-    errors: int = 0  # NVML failures of any kind (init, wait, probe, registration)
-    nvml_inits: int = 0
-
-
 class GpuHealthMonitor:
     def __init__(
         self,
@@ -125,16 +103,13 @@ class GpuHealthMonitor:
         self.probe_period = probe_period
         self.clock = clock
         self.init_backoff = init_backoff
-        self._state = HealthState(policy)
+        self._conditions = GpuConditions(inventory, policy, source)
         self._ecc = EccLedger()
-        self._sbe_rate: dict[str, EventRate] = {}
-        self._counters = GpuHealthCounters()
-        self._counters_lock = threading.Lock()
+        self._counters = SharedCounters()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._probe_requested = threading.Event()
         self._known: frozenset[tuple[str, str]] = frozenset()  # the inventory's (device, instance) pairs
-        self._published: dict[str, frozenset[Condition]] = {}  # device name -> its conditions as published
         self._probe_cond = threading.Condition()
         self._probe_seq = 0  # probes started
         self._probe_done = 0  # the sequence number of the last probe that finished
@@ -176,8 +151,7 @@ class GpuHealthMonitor:
             return self._probe_cond.wait_for(lambda: self._probe_done >= target, wait)
 
     def counters(self) -> GpuHealthCounters:
-        with self._counters_lock:
-            return copy.deepcopy(self._counters)
+        return self._counters.snapshot()
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -187,21 +161,18 @@ class GpuHealthMonitor:
             session = self._open(retry)
             if session is None:
                 continue
-            with self._counters_lock:
-                probes_before = self._counters.probes
+            probes_before = self._counters.snapshot().probes
             try:
                 self._loop(session)
             except NvmlGone as e:
                 log.warning("NVML went away (%s); initialising it again", e)
-                self._count(errors=1)
-                with self._counters_lock:
-                    worked = self._counters.probes > probes_before
-                if worked:  # only a session that got somewhere earns a fast retry
-                    retry.reset()
+                self._counters.count(errors=1)
+                if self._counters.snapshot().probes > probes_before:  # a session that got somewhere
+                    retry.reset()  # earns a fast retry
                 self._stop.wait(retry.next())
             except Exception:  # a bug must not end health monitoring for good
                 log.exception("GPU health monitor failed; starting over")
-                self._count(errors=1)
+                self._counters.count(errors=1)
                 self._stop.wait(retry.next())
             finally:
                 nvml_events.close(session)
@@ -220,17 +191,17 @@ class GpuHealthMonitor:
             self._nvml_unavailable(e.reason)
             self._stop.wait(retry.next())
             return None
-        self._count(nvml_inits=1)
+        self._counters.count(nvml_inits=1)
         self._probe_requested.set()
         return Session(nvml, generation=generation)
 
     def _nvml_unavailable(self, reason: str) -> None:
         log.warning("GPU health: NVML unavailable (%s); retrying", reason)
-        self._count(errors=1)
+        self._counters.count(errors=1)
         gpus = index_gpus(self.inventory.devices())
         for uuid in gpus:
-            self._state.set_hard(uuid, [self.policy.unmonitored(reason)])
-        self._publish(gpus)
+            self._conditions.state.set_hard(uuid, [self.policy.unmonitored(reason)])
+        self._conditions.publish(gpus)
 
     def _loop(self, s: Session) -> None:
         next_probe = self.clock()
@@ -244,8 +215,8 @@ class GpuHealthMonitor:
                 self._probe_requested.clear()
                 self._probe(s)
                 next_probe = self.clock() + self.probe_period
-            if self._state.expire(self.clock()):
-                self._publish()
+            if self._conditions.state.expire(self.clock()):
+                self._conditions.publish()
             if self._stop.is_set():
                 return
             if s.event_set is None or not s.registered:
@@ -261,7 +232,7 @@ class GpuHealthMonitor:
                     raise NvmlGone(str(e)) from e
                 # GPU_IS_LOST: a GPU in the set is off the bus; the probe finds which and rebuilds.
                 log.warning("waiting for NVML events failed: %s; probing the GPUs", e)
-                self._count(errors=1)
+                self._counters.count(errors=1)
                 self._probe_requested.set()
                 self._wake.wait(wait_error.next())
                 continue
@@ -274,17 +245,14 @@ class GpuHealthMonitor:
         etype, edata = int(data.eventType), int(data.eventData)
         gi, ci = int(getattr(data, "gpuInstanceId", NO_INSTANCE)), int(getattr(data, "computeInstanceId", NO_INSTANCE))
         name = EVENT_NAMES.get(etype, f"0x{etype:x}")
-        with self._counters_lock:
-            self._counters.events[name] = self._counters.events.get(name, 0) + 1
-            if etype == XID:
-                self._counters.xids[edata] = self._counters.xids.get(edata, 0) + 1
+        self._counters.event(name, edata if etype == XID else None)
         uuid = s.handle_uuids.get(handle_key(data.device))
         if uuid is None:
             try:
                 uuid = str(s.nvml.nvmlDeviceGetUUID(data.device))
             except NvmlError as e:
                 log.warning("NVML event %s (data %d) from a GPU that cannot be named (%s); probing", name, edata, e)
-                self._count(errors=1)
+                self._counters.count(errors=1)
                 self._probe_requested.set()
                 return
         gpus = index_gpus(self.inventory.devices())
@@ -308,17 +276,17 @@ class GpuHealthMonitor:
                 ", ".join(targets),
                 cond.message,
             )
-            changed = self._observe(subjects, cond, now)
+            changed = self._conditions.observe(subjects, cond, now)
         elif etype == DOUBLE_BIT:
-            self._count(double_bit_ecc=1)
+            self._counters.count(double_bit_ecc=1)
             self._ecc.reported(uuid, UNCORRECTED)
-            changed = self._observe(subjects, self.policy.double_bit_ecc(), now)
+            changed = self._conditions.observe(subjects, self.policy.double_bit_ecc(), now)
         elif etype == SINGLE_BIT:
-            self._count(single_bit_ecc=1)
+            self._counters.count(single_bit_ecc=1)
             self._ecc.reported(uuid, CORRECTED)
-            changed = self._single_bits(gpu, 1, now)
+            changed = self._conditions.single_bits(gpu, 1, now)
         if changed:
-            self._publish(gpus)
+            self._conditions.publish(gpus)
 
     def _event_recovery_action(self, s: Session, handle: Any) -> int | None:
         """The GPU's recovery action right after an XID; None when it cannot be read (the XID then
@@ -327,19 +295,8 @@ class GpuHealthMonitor:
             return read_recovery_action(s.nvml, handle)
         except NvmlError as e:
             log.warning("cannot read the recovery action after an XID: %s", e)
-            self._count(errors=1)
+            self._counters.count(errors=1)
             return None
-
-    def _observe(self, subjects: Iterable[str], cond: Condition, now: float) -> bool:
-        """Records an event against each subject; whether any subject's conditions changed."""
-        return bool({s for s in subjects if self._state.observe(s, cond, now)})
-
-    def _single_bits(self, gpu: GpuDevices, count: int, now: float) -> bool:
-        rate = self._sbe_rate.setdefault(gpu.uuid, EventRate(self.policy.single_bit_window))
-        total = rate.add(count, now)
-        if total < self.policy.single_bit_threshold:
-            return False
-        return self._observe([gpu.uuid], self.policy.single_bit_ecc_rate(total), now)
 
     # --- the probe -------------------------------------------------------------------------------
 
@@ -349,7 +306,7 @@ class GpuHealthMonitor:
             seq = self._probe_seq
         try:
             self._probe_gpus(s)
-            self._count(probes=1)
+            self._counters.count(probes=1)
         finally:
             with self._probe_cond:
                 self._probe_done = seq
@@ -358,7 +315,8 @@ class GpuHealthMonitor:
     def _probe_gpus(self, s: Session) -> None:
         gpus = index_gpus(self.inventory.devices())
         self._known = _instances(gpus)
-        self._forget_gone(gpus)
+        self._conditions.forget_gone(gpus)
+        self._ecc.keep_only(gpus)
         answering: dict[str, Any] = {}
         found: dict[str, list[Condition]] = {}
         for uuid, gpu in gpus.items():
@@ -370,13 +328,13 @@ class GpuHealthMonitor:
                 raise
             if handle is not None:
                 answering[uuid] = handle
-        nvml_events.register(s, answering, lambda: self._count(errors=1))
+        nvml_events.register(s, answering, lambda: self._counters.count(errors=1))
         for uuid in gpus:
             conds = list(found[uuid])
             if uuid in s.unmonitored:
                 conds.append(self.policy.unmonitored(s.unmonitored[uuid]))
-            self._state.set_hard(uuid, conds)
-        self._publish(gpus)
+            self._conditions.state.set_hard(uuid, conds)
+        self._conditions.publish(gpus)
 
     def _probe_gpu(self, s: Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:
         """The GPU's hard conditions now, and its handle if it answers."""
@@ -384,7 +342,7 @@ class GpuHealthMonitor:
         try:
             handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
         except NvmlError as e:
-            self._count(errors=1)
+            self._counters.count(errors=1)
             if e.value in LOST_ERRORS:
                 return [self.policy.gpu_lost(f"nvmlDeviceGetHandleByUUID: {e}")], None
             if e.value in REINIT_ERRORS:
@@ -401,10 +359,10 @@ class GpuHealthMonitor:
         except NvmlError as e:
             if e.value not in LOST_ERRORS:
                 raise
-            self._count(errors=1)
+            self._counters.count(errors=1)
             return [self.policy.gpu_lost(str(e))], None
         if failures:
-            self._count(errors=len(failures))
+            self._counters.count(errors=len(failures))
             conds.append(self.policy.nvml_error("; ".join(failures)))
         return conds, handle
 
@@ -413,64 +371,24 @@ class GpuHealthMonitor:
         if not unreported:
             return
         if kind == UNCORRECTED:
-            self._count(double_bit_ecc=unreported)
+            self._counters.count(double_bit_ecc=unreported)
             log.warning("GPU %s: %d double-bit ECC error(s) without an event", gpu.uuid, unreported)
-            self._observe([gpu.uuid], self.policy.double_bit_ecc(unreported), now)
+            self._conditions.observe([gpu.uuid], self.policy.double_bit_ecc(unreported), now)
         else:
-            self._count(single_bit_ecc=unreported)
-            self._single_bits(gpu, unreported, now)
+            self._counters.count(single_bit_ecc=unreported)
+            self._conditions.single_bits(gpu, unreported, now)
 
     # --- inventory -------------------------------------------------------------------------------
 
     def _inventory_changed(self) -> None:
         """Called by the inventory (any thread): a GPU came or went, so probe and (re)register; a
-        device names another instance, so probe, which publishes what that one has (`_publish`)."""
+        device names another instance, so probe, which publishes what that one has."""
         if self._stop.is_set():
             return
         known = _instances(index_gpus(self.inventory.devices()))
         if known != self._known:
             self._known = known
             self.trigger_probe()
-
-    def _forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
-        present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
-        for subject in self._state.subjects() - present:
-            self._state.forget(subject)
-        self._ecc.keep_only(gpus)
-        for uuid in set(self._sbe_rate) - set(gpus):
-            del self._sbe_rate[uuid]
-
-    def _publish(self, gpus: dict[str, GpuDevices] | None = None) -> None:
-        """Publishes the conditions of every device that changed: its GPU's and its own
-        instance's; a device that left the inventory has none. `gpus`: the inventory's, when the
-        caller has just read them."""
-        gpus = index_gpus(self.inventory.devices()) if gpus is None else gpus
-        now = {
-            name: self._state.conditions(gpu.uuid) | self._state.conditions(instance)
-            for gpu in gpus.values()
-            for name, instance in gpu.instances.items()
-        }
-        for d in sorted(now.keys() | self._published.keys()):
-            conds = now.get(d, frozenset())
-            if conds == self._published.get(d, frozenset()):
-                continue
-            try:
-                self.inventory.set_conditions(self.source, d, conds)
-            except Exception:
-                log.exception("%s: cannot publish health conditions", d)
-                continue
-            if conds:
-                self._published[d] = conds
-                level = logging.WARNING if any(c.unhealthy for c in conds) else logging.INFO
-                log.log(level, "%s: %s", d, "; ".join(sorted(f"{c.key}={c.value} ({c.effect})" for c in conds)))
-            else:
-                del self._published[d]
-                log.info("%s: no GPU health conditions", d)
-
-    def _count(self, **deltas: int) -> None:
-        with self._counters_lock:
-            for name, n in deltas.items():
-                setattr(self._counters, name, getattr(self._counters, name) + n)
 
 
 def _instances(gpus: dict[str, GpuDevices]) -> frozenset[tuple[str, str]]:

@@ -14,9 +14,9 @@ Signals, per NIC in the inventory:
   this condition, NoExecute by default like the GPU's `gpu-lost`, evicts the pods that hold a NIC
   that no longer exists instead of leaving it healthy. It clears when the function is back.
 
-What a state means and how long it must hold (the debounce) is `nic_signals`; this module follows
-the inventory's NICs, reads their signals and publishes the settled faults as conditions, in one
-thread ("nic-health").
+What a state means and how long it must hold (the debounce) is `nic_signals`; what is kept per
+NIC and the conditions its settled faults make, `nic_conditions`. This module follows the
+inventory's NICs, reads their signals and publishes those conditions, in one thread ("nic-health").
 
 A NIC whose netdev is not visible (`NicInfo.present` False: moved into a pod, which the inventory
 allows only while it is allocated) is unobservable, not down: its link says nothing, and a link
@@ -37,56 +37,21 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.backoff import Backoff, Retry
 from driver.health.link_sysfs import LinkSysfs
-from driver.health.nic_signals import (
-    FUNCTION_GONE,
-    LINK_DOWN,
-    NIC_LOST,
-    RDMA_PORT_DOWN,
-    Debounced,
-    Fault,
-    link_fault,
-)
+from driver.health.nic_conditions import NicConditions, NicView, WatchedNic
+from driver.health.nic_signals import FUNCTION_GONE, Debounced, link_fault
 from driver.inventory import Inventory
-from driver.model import Condition, DeviceKind, NicInfo, TaintEffect
+from driver.model import Condition, DeviceKind, TaintEffect
 from driver.node import netlink, rtnl
 from driver.node.rtnl import LinkEvent, LinkState
-from driver.resource_api import rfc3339
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=30.0)
-
-
-@dataclass(frozen=True)
-class _Nic:
-    """The parts of an inventory NIC the monitor watches; a change of any means a re-read."""
-
-    name: str
-    pci_address: str
-    ifname: str
-    rdma_device: str
-    present: bool
-
-    @classmethod
-    def of(cls, name: str, info: NicInfo) -> _Nic:
-        return cls(name, info.pci_address, info.ifname, info.rdma_device, info.present)
-
-
-@dataclass
-class _Watched:
-    nic: _Nic
-    link: Debounced | None = None  # None while the link is unobservable
-    link_ifname: str = ""  # the netdev name when the link fault was first seen, for the message
-    ifindex: int = 0
-    ports: dict[int, Debounced] = field(default_factory=dict)
-    lost: Debounced | None = None  # None until its PCI function is first looked for
-    published: frozenset[Condition] = frozenset()
 
 
 class NicHealthMonitor:
@@ -125,18 +90,7 @@ class NicHealthMonitor:
         self.poll_period = poll_period
         self.clock = clock
         self.wall_clock = wall_clock
-        self.link_key = f"{domain}/{LINK_DOWN}"
-        self.port_key = f"{domain}/{RDMA_PORT_DOWN}"
-        self.lost_key = f"{domain}/{NIC_LOST}"
-        self.effects = {
-            self.link_key: TaintEffect.NO_SCHEDULE,
-            self.port_key: TaintEffect.NO_SCHEDULE,
-            self.lost_key: TaintEffect.NO_EXECUTE,
-        }
-        for key, effect in (effects or {}).items():
-            if key not in self.effects:
-                raise ValueError(f"unknown NIC health condition {key!r}; known: {sorted(self.effects)}")
-            self.effects[key] = TaintEffect(effect)
+        self._conditions = NicConditions(domain, effects)
 
         self.netlink_events = 0  # link messages about watched NICs (the others are skipped unread)
         self.link_transitions = 0  # observed changes of a link's, port's or PCI function's fault (before debounce)
@@ -144,7 +98,7 @@ class NicHealthMonitor:
         self.errors = 0  # failed rounds and NICs, socket failures, unreadable sysfs entries
 
         self._lock = threading.RLock()
-        self._watched: dict[str, _Watched] = {}
+        self._watched: dict[str, WatchedNic] = {}
         self._sysfs = LinkSysfs(self.sysfs_root, self._count_error)
         self._retry = Retry(backoff)
         self._sock: socket.socket | None = None
@@ -187,7 +141,7 @@ class NicHealthMonitor:
     def settled(self) -> bool:
         """True when no observed fault is waiting out its debounce."""
         with self._lock:
-            return all(d.due() is None for w in self._watched.values() for d in self._signals(w))
+            return all(d.due() is None for w in self._watched.values() for d in w.signals())
 
     # ----------------------------------------------------------------------------- one round
 
@@ -210,7 +164,7 @@ class NicHealthMonitor:
             self._resync = False
             self._publish(now)
 
-    def _read_links(self, watched: list[_Watched]) -> dict[str, LinkState] | None:
+    def _read_links(self, watched: list[WatchedNic]) -> dict[str, LinkState] | None:
         """Link states by the inventory's netdev name (found by ifindex when one is known: the
         netdev may have been renamed since); None (links keep their last state) when netlink
         cannot be read."""
@@ -251,10 +205,6 @@ class NicHealthMonitor:
 
     # ----------------------------------------------------------------------------- state
 
-    @staticmethod
-    def _signals(w: _Watched) -> list[Debounced]:
-        return [d for d in (w.link, w.lost) if d is not None] + list(w.ports.values())
-
     def _on_inventory_change(self) -> None:
         self._inventory_changed = True
         self._wake()
@@ -270,7 +220,7 @@ class NicHealthMonitor:
         """Follows the inventory's NICs; one that appeared or changed asks for a full read, one
         that left takes its conditions with it."""
         current = {
-            d.name: _Nic.of(d.name, d.nic) for d in self.inventory.devices() if d.kind == DeviceKind.NIC and d.nic
+            d.name: NicView.of(d.name, d.nic) for d in self.inventory.devices() if d.kind == DeviceKind.NIC and d.nic
         }
         changed = False
         for name in self._watched.keys() - current.keys():
@@ -284,7 +234,7 @@ class NicHealthMonitor:
                 continue
             changed = True
             if w is None:
-                self._watched[name] = _Watched(nic)
+                self._watched[name] = WatchedNic(nic)
                 continue
             if not nic.present:
                 w.link, w.ifindex = None, 0
@@ -294,7 +244,7 @@ class NicHealthMonitor:
         self._inventory_changed = False
         self._resync = self._resync or changed
 
-    def _observe_link(self, w: _Watched, state: LinkState | None, now: float) -> None:
+    def _observe_link(self, w: WatchedNic, state: LinkState | None, now: float) -> None:
         if state is None:
             w.link, w.ifindex = None, 0
             return
@@ -307,7 +257,7 @@ class NicHealthMonitor:
             if fault is not None:
                 w.link_ifname = state.name or w.nic.ifname
 
-    def _observe_ports(self, w: _Watched, now: float) -> None:
+    def _observe_ports(self, w: WatchedNic, now: float) -> None:
         ports = self._sysfs.ports(w.nic.rdma_device) if w.nic.rdma_device else {}
         for port in w.ports.keys() - ports.keys():
             del w.ports[port]
@@ -318,37 +268,18 @@ class NicHealthMonitor:
             if d.observe(fault, now):
                 self.link_transitions += 1
 
-    def _observe_function(self, w: _Watched, now: float) -> None:
+    def _observe_function(self, w: WatchedNic, now: float) -> None:
         if w.lost is None:
             w.lost = Debounced(self.debounce, now)
         if w.lost.observe(FUNCTION_GONE if self._sysfs.function_gone(w.nic.pci_address) else None, now):
             self.link_transitions += 1
 
-    def _conditions(self, w: _Watched) -> frozenset[Condition]:
-        out = []
-        if w.link is not None and w.link.reported is not None:
-            f = w.link.reported
-            out.append(self._condition(self.link_key, f, f"{w.link_ifname}: {f.reason}", w.link.reported_since_wall))
-        if w.lost is not None and w.lost.reported is not None:
-            f = w.lost.reported
-            out.append(
-                self._condition(self.lost_key, f, f"{w.nic.pci_address}: {f.reason}", w.lost.reported_since_wall)
-            )
-        for d in w.ports.values():
-            if d.reported is not None:
-                message = f"{w.nic.rdma_device}: {d.reported.reason}"
-                out.append(self._condition(self.port_key, d.reported, message, d.reported_since_wall))
-        return frozenset(out)
-
-    def _condition(self, key: str, fault: Fault, message: str, since: float) -> Condition:
-        return Condition(key, self.effects[key], fault.value, f"{message} since {rfc3339(since)}", unhealthy=True)
-
     def _publish(self, now: float) -> None:
         wall = self.wall_clock()
         for name, w in self._watched.items():
-            for d in self._signals(w):
+            for d in w.signals():
                 d.settle(now, wall)
-            conditions = self._conditions(w)
+            conditions = self._conditions.of(w)
             if conditions != w.published:
                 self._set(name, conditions)
                 w.published = conditions
@@ -362,7 +293,7 @@ class NicHealthMonitor:
             log.info("NIC %s: healthy again, or no longer observable (link, RDMA ports, PCI function)", name)
 
     def _next_due(self) -> float | None:
-        dues = [t for w in self._watched.values() for d in self._signals(w) if (t := d.due()) is not None]
+        dues = [t for w in self._watched.values() for d in w.signals() if (t := d.due()) is not None]
         return min(dues, default=None)
 
     # ----------------------------------------------------------------------------- thread

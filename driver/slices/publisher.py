@@ -4,7 +4,9 @@ The publisher feeds the pure half (`build_slices`, `plan`) and carries the plann
 through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
 rate-limited, failures retried with backoff, and a server that silently drops list-typed
 attributes, device taints, shared counters or consumable capacity (feature gate off) is answered
-with a fallback instead of endless rewrites.
+with a fallback instead of endless rewrites. Over 400 lines on purpose: those fallbacks are modes
+of the one sync loop, set and read under its condition variable, so they stay in the class that
+owns the loop.
 """
 
 from __future__ import annotations

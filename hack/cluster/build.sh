@@ -126,12 +126,17 @@ build_base_image() {
 # build_tandem_image TAG: the project's Dockerfile, built with podman, as containerd's image TAG;
 # prints the path of the archive to import.
 build_tandem_image() {
-  local tag="$1" out="$STATE/images"
+  local tag="$1" out="$STATE/images" commit
   build_base_image
   mkdir -p "$out"
+  # What the image is built from, for its labels and `tandem-driver --version` (the image has no
+  # .git). This runs as root in a checkout a user may own, which git refuses unless told the
+  # checkout is safe; a commit it cannot tell stays empty and the driver reports `unknown`.
+  commit="$(git -c safe.directory="$repo" -C "$repo" rev-parse HEAD 2>/dev/null)" || commit=""
   # The build's RUN steps fetch the locked wheels from PyPI: they trust this machine's CA bundle
   # (which may hold a proxy's CA), mounted for the build only, so nothing of it lands in the image.
-  "${PODMAN[@]}" build -q --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro -t "$tag" "$repo" \
+  "${PODMAN[@]}" build -q --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro -t "$tag" \
+    --build-arg TANDEM_COMMIT="$commit" --build-arg TANDEM_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$repo" \
     >"$out/build.log" 2>&1 ||
     { tail -n 30 "$out/build.log" >&2; die "podman build failed"; }
   rm -f "$out/tandem.tar" # podman does not overwrite an archive

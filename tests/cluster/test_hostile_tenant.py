@@ -51,9 +51,13 @@ def neighbour_ns(cluster: Cluster) -> Iterator[str]:
     cluster.kubectl("delete", "namespace", name, "--wait=false", check=False)
 
 
-def gpu_share(name: str, gpu: int, memory: str = "10Gi", percent: str = "10") -> dict[str, Any]:
-    """A claim template for an MPS share of one GPU (by its minor number)."""
-    share = request("gpu", "gpu.tandem.dev", f'device.attributes["tandem.dev"].minor == {gpu}')
+def gpu_uuid(tandem, gpu: int) -> str:
+    return read_state(tandem.node.nvml_state).gpus[gpu].uuid
+
+
+def gpu_share(name: str, uuid: str, memory: str = "10Gi", percent: str = "10") -> dict[str, Any]:
+    """A claim template for an MPS share of the GPU of this UUID."""
+    share = request("gpu", "gpu.tandem.dev", f'device.attributes["tandem.dev"].uuid == "{uuid}"')
     share["exactly"]["capacity"] = {"requests": {"memory": memory, "computePercent": percent}}
     return claim_template(name, [share])
 
@@ -124,19 +128,19 @@ def test_an_mps_tenant_attacking_its_pipe_directory_hurts_no_one(
     wait_for("GPU 6 published for sharing", lambda: (cluster.devices().get(f"gpu-{GPU}") or {}).get(
         "allowMultipleAllocations"))  # fmt: skip
     # A neighbour on the other shared GPU first, so there is another tenant's daemon to aim at.
-    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("other-gpu", OTHER_GPU)}, "on-gpu-5")
+    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("other-gpu", gpu_uuid(tandem, OTHER_GPU))}, "on-gpu-5")
     other_daemon = mps_daemon_of(OTHER_GPU)
     script = MPS_ATTACKS[attack].replace("OTHER", str(other_daemon))
-    cluster.apply(gpu_share("attack", GPU), pod(cluster, "attacker", report_script(script), {"gpu": "attack"}),
+    cluster.apply(gpu_share("attack", gpu_uuid(tandem, GPU)), pod(cluster, "attacker", report_script(script), {"gpu": "attack"}),
                   namespace=namespace)  # fmt: skip
     wait_report(cluster, namespace, "attacker")
 
     # Another tenant's share of the attacked GPU prepares; health and a restart are unharmed.
-    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("same-gpu", GPU)}, "on-gpu-6")
+    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("same-gpu", gpu_uuid(tandem, GPU))}, "on-gpu-6")
     assert tandem.healthy()
     survives_restart(tandem)
     assert other_daemon in mps_daemons(), "the other GPU's MPS daemon was killed"
-    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("after-restart", GPU)}, "after-restart")
+    neighbour_runs(cluster, neighbour_ns, {"gpu": gpu_share("after-restart", gpu_uuid(tandem, GPU))}, "after-restart")
 
     all_gone(cluster, tandem, (namespace, neighbour_ns))
     wait_for("no MPS daemon left", lambda: not mps_daemons(), timeout=60)

@@ -23,6 +23,7 @@ from driver.claims.checkpoint import Checkpoint, InstanceLock
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
 from driver.claims.gpu.mig_owners import MigOwners
+from driver.claims.gpu.sharing import GpuSharing
 from driver.claims.metadata import MetadataWriter
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
@@ -161,7 +162,9 @@ class _InFlight:
             self._api._busy[self._uid] -= 1
 
 
-def make_preparer(data: Path, cdi_root: Path, api: FakeAPI, instance: str, host: Host) -> Preparer:
+def make_preparer(
+    data: Path, cdi_root: Path, api: FakeAPI, instance: str, host: Host, sharing: GpuSharing | None = None
+) -> Preparer:
     settings = PrepareSettings(DRIVER, NODE, cdi_root, host.dev)
     return Preparer(
         api=api,
@@ -172,6 +175,7 @@ def make_preparer(data: Path, cdi_root: Path, api: FakeAPI, instance: str, host:
         driver_files=lambda: host.files,
         files=ClaimFiles(settings, MetadataWriter(data, cdi_root, DRIVER)),
         partitions=MigPartitions(Path("/"), settings.proc_root, MigOwners(data, "boot"), instance),
+        sharing=sharing,
     )
 
 

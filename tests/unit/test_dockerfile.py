@@ -25,6 +25,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from driver.version import COMMIT_ENV, CREATED_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -287,6 +289,65 @@ def test_final_image_defaults_to_a_non_root_user() -> None:
     assert users, "no USER: the image would run as root by default"
     uid = users[-1].split(":")[0]
     assert uid not in ("0", "root")
+
+
+# -- what the image was built from ---------------------------------------------------------------
+
+OCI = "org.opencontainers.image."
+# The labels whose value is the build's: each from the build arg of the final stage named here.
+LABELS_FROM_ARGS = {"version": "TANDEM_VERSION", "revision": COMMIT_ENV, "created": CREATED_ENV}
+
+
+def _settings(keyword: str) -> dict[str, str]:
+    """The final stage's `key=value` pairs of its LABEL, ENV or ARG instructions, unquoted as the
+    builder unquotes them (an ARG without a default: an empty value)."""
+    words = [w for i in FINAL.instructions if i.keyword == keyword for w in shlex.split(i.args)]
+    return {key: value for key, _, value in (w.partition("=") for w in words)}
+
+
+def test_the_image_carries_the_oci_labels() -> None:
+    labels = _settings("LABEL")
+    wanted = {OCI + n for n in ("title", "description", "version", "revision", "source", "licenses", "created")}
+    assert wanted <= set(labels), f"missing: {sorted(wanted - set(labels))}"
+    assert labels[OCI + "licenses"] == PYPROJECT["project"]["license"]["text"]
+    for label, arg in LABELS_FROM_ARGS.items():
+        assert labels[OCI + label] == f"${{{arg}}}", f"{label} must come from the build arg {arg}"
+
+
+def test_the_build_args_come_after_every_install_step() -> None:
+    """A RUN after an ARG is keyed by the arg's value in the layer cache: declared before the
+    install, a new commit or build time would reinstall everything. After the last RUN they cost
+    only the metadata."""
+    final = FINAL.instructions
+    last_run = max(n for n, ins in enumerate(final) if ins.keyword == "RUN")
+    declared = {ins.args.partition("=")[0]: n for n, ins in enumerate(final) if ins.keyword == "ARG"}
+    for arg in LABELS_FROM_ARGS.values():
+        assert arg in declared, f"the final stage does not declare ARG {arg}"
+        assert declared[arg] > last_run, f"ARG {arg} comes before a RUN"
+
+
+def test_the_version_label_defaults_to_the_package_version() -> None:
+    """A plain `podman build .` labels the image with the version of the wheel inside it."""
+    assert _settings("ARG")["TANDEM_VERSION"] == PYPROJECT["project"]["version"]
+
+
+def test_the_commit_and_build_time_are_in_the_environment_the_driver_reads() -> None:
+    """The image has no .git: `tandem-driver --version` finds its commit and build time in these
+    variables (driver/version.py)."""
+    env = _settings("ENV")
+    assert env.get(COMMIT_ENV) == f"${{{COMMIT_ENV}}}"
+    assert env.get(CREATED_ENV) == f"${{{CREATED_ENV}}}"
+
+
+def test_the_cluster_image_build_passes_the_commit_and_build_time() -> None:
+    """hack/cluster.sh image (hack/cluster/build.sh) is the image build in hack/: it names the
+    commit git says and the build time."""
+    script = (REPO / "hack" / "cluster" / "build.sh").read_text()
+    build = re.search(r'"\$\{PODMAN\[@\]\}" build (?:[^\n]*\\\n)*[^\n]*', script)
+    assert build, "no podman build in hack/cluster/build.sh"
+    assert re.search(r"commit=\"\$\(git [^)]*rev-parse HEAD", script)
+    assert f'--build-arg {COMMIT_ENV}="$commit"' in build.group()
+    assert re.search(rf'--build-arg {CREATED_ENV}="\$\(date -u \+%Y-%m-%dT%H:%M:%SZ\)"', build.group())
 
 
 # -- lock files -----------------------------------------------------------------------------

@@ -13,15 +13,8 @@ from typing import Any
 import pytest
 
 import cdi
-from driver.claims.metadata import (
-    MetadataDevice,
-    MetadataError,
-    MetadataWriter,
-    assign_metadata_ids,
-    attributes_json,
-    decode_stream,
-    encode_stream,
-)
+from driver.claims.metadata import MetadataWriter, assign_metadata_ids
+from driver.claims.metadata_format import MetadataDevice, MetadataError, attributes_json, decode_stream, encode_stream
 from driver.model import NUMA_NODE, Device, DeviceKind, Version
 
 DRIVER = "tandem.example.org"

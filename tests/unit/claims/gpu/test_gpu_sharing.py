@@ -52,8 +52,7 @@ def daemons(tmp_path: Path, host: Host) -> Iterator[MpsDaemons]:
 
 
 def _preparer(tmp_path: Path, host: Host, api: FakeAPI, daemons: MpsDaemons) -> Any:
-    preparer = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host)
-    preparer._sharing = GpuSharing(daemons)
+    preparer = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host, GpuSharing(daemons))
     daemons.records["checkpoint"] = preparer._checkpoint  # type: ignore[attr-defined]
     return preparer
 
@@ -226,8 +225,7 @@ def test_mps_on_a_mig_device_is_refused(tmp_path: Path, daemons: MpsDaemons) -> 
     as_mig = dataclasses.replace(device, name="gpu-0-mig-1g-10gb-0", kind=DeviceKind.MIG)
     host.devices[as_mig.name] = as_mig
     api = FakeAPI()
-    preparer = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host)
-    preparer._sharing = GpuSharing(daemons)
+    preparer = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host, GpuSharing(daemons))
     ref = _claim(api, "c", as_mig.name, None, "MPS")
     assert "applies to full GPUs only" in preparer.prepare([ref])[ref.uid].error
     preparer.close()

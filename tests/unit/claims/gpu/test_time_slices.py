@@ -54,10 +54,10 @@ def _smi(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def preparer(tmp_path: Path, host: Host, state: Path) -> Iterator[Any]:  # noqa: F811
     api = FakeAPI()
-    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host)
     records = lambda: (d for c in p._checkpoint.read().values() for d in c.devices)  # noqa: E731
-    p._sharing = GpuSharing(None, TimeSlices(tmp_path / "data", tmp_path / "node" / "driver",
-                                             lambda: time_slice_gpus(records(), host.devices.get)))  # fmt: skip
+    sharing = GpuSharing(None, TimeSlices(tmp_path / "data", tmp_path / "node" / "driver",
+                                          lambda: time_slice_gpus(records(), host.devices.get)))  # fmt: skip
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "i", host, sharing)
     p.api = api
     yield p
     p.close()

@@ -1,0 +1,117 @@
+"""The `DeviceMetadata` object of a device metadata file, and the JSON stream that holds it (pure).
+
+What a container reads (docs/reference/device-metadata.md, 'Document format'): one indented
+object per supported version, newest first, each followed by a newline, keys in the order the Go
+encoder writes them; read back by the consumer's rules (docs/reference/device-metadata.md,
+'Consumer rules'). Where the files and their CDI specs go, and how they are written, is
+`driver.claims.metadata`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from driver.errors import NodeError
+from driver.kube.types import NetworkDeviceData
+from driver.model import Device, attribute_to_api
+
+API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+KIND = "DeviceMetadata"
+
+
+class MetadataError(NodeError):
+    """Metadata cannot be written or updated for this claim; the message names what and why."""
+
+
+@dataclass(frozen=True)
+class MetadataDevice:
+    request: str  # request reference as allocated (may be "req/sub")
+    pool: str
+    name: str
+    attributes: dict[str, dict[str, Any]]  # API JSON form, e.g. {"type": {"string": "gpu"}}
+    network_data: NetworkDeviceData | None = None
+
+
+def attributes_json(device: Device) -> dict[str, dict[str, Any]]:
+    """The device's attributes as the ResourceSlice publishes them, so a container reads the same values."""
+    return {k: attribute_to_api(v) for k, v in sorted(device.attributes.items())}
+
+
+def _device_json(driver: str, d: MetadataDevice) -> dict[str, Any]:
+    out: dict[str, Any] = {"driver": driver, "pool": d.pool, "name": d.name}
+    if d.attributes:
+        out["attributes"] = d.attributes
+    if d.network_data is not None:
+        out["networkData"] = d.network_data
+    return out
+
+
+def document(
+    driver: str,
+    namespace: str,
+    name: str,
+    uid: str,
+    generation: int,
+    pod_claim_name: str,
+    request: str,
+    devices: Sequence[MetadataDevice],
+) -> dict[str, Any]:
+    """One `DeviceMetadata` object, keys in the Go encoder's order (TypeMeta is kind, apiVersion)."""
+    doc: dict[str, Any] = {
+        "kind": KIND,
+        "apiVersion": API_VERSION,
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "generation": generation,
+            "creationTimestamp": None,
+        },
+    }
+    if pod_claim_name:
+        doc["podClaimName"] = pod_claim_name
+    req: dict[str, Any] = {"name": request}
+    if devices:
+        req["devices"] = [_device_json(driver, d) for d in devices]
+    doc["requests"] = [req]
+    return doc
+
+
+def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
+    """The stream: each version's object (newest first), indented, each followed by a newline."""
+    return "".join(json.dumps(doc, indent=2, ensure_ascii=False) + "\n" for doc in documents).encode()
+
+
+def decode_stream(data: bytes) -> dict[str, Any]:
+    """The first object of a version we know, by the consumer's rules (docs/reference/device-metadata.md, 'Consumer rules')."""
+    try:
+        text = data.decode()
+    except UnicodeDecodeError as e:
+        raise MetadataError(f"metadata file is not UTF-8: {e}") from None
+    decoder = json.JSONDecoder()
+    pos, unknown = 0, []
+    while True:
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+        if pos == len(text):
+            break
+        try:
+            obj, pos = decoder.raw_decode(text, pos)
+        except ValueError as e:
+            raise MetadataError(f"metadata file is not a JSON stream: {e}") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("apiVersion"), str):
+            raise MetadataError("metadata object without apiVersion")
+        if obj["apiVersion"] != API_VERSION:
+            unknown.append(obj["apiVersion"])
+            continue
+        if obj.get("kind") != KIND:
+            raise MetadataError(f"metadata object of kind {obj.get('kind')!r}, expected {KIND}")
+        if not isinstance(obj.get("metadata"), dict) or not isinstance(obj.get("requests", []), list):
+            raise MetadataError("metadata object with a malformed metadata or requests field")
+        return obj
+    if unknown:
+        raise MetadataError(f"no compatible metadata version found (unknown versions: {', '.join(unknown)})")
+    raise MetadataError("no metadata objects found")

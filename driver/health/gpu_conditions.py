@@ -1,0 +1,83 @@
+"""The GPU health monitor's conditions, kept by UUID, and what it has published of them per device.
+
+Conditions are recorded against what they are about, by UUID (`HealthState`): a GPU's probe
+verdicts and the events NVML attributes to no instance against the GPU, and so against every
+device of it; an event attributed to a MIG device against that instance. A device publishes its
+GPU's and its own instance's. A name outlives its instance: a MIG device destroyed and made again
+at the same GI/CI is a new instance with a new UUID, a GPU swapped in at the same minor has a new
+UUID too, and neither inherits what the old one had; a dynamic-MIG partition not made yet has no
+instance of its own, so only its GPU's.
+
+Kept apart from the monitor's thread (`driver.health.gpu`), which talks to NVML, so that what is
+known and what is written to the inventory live in one place. Only that thread uses it: no lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from driver.health.gpu_policy import EventRate, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
+from driver.inventory import Inventory
+from driver.model import Condition
+
+log = logging.getLogger(__name__)
+
+
+class GpuConditions:
+    """The state by UUID (`state`), the single-bit ECC rate of each GPU, and the conditions each
+    device was last published with, so that only a device whose set changed is written."""
+
+    def __init__(self, inventory: Inventory, policy: GpuHealthPolicy, source: str) -> None:
+        self.inventory = inventory
+        self.policy = policy
+        self.source = source
+        self.state = HealthState(policy)
+        self._sbe_rate: dict[str, EventRate] = {}
+        self._published: dict[str, frozenset[Condition]] = {}  # device name -> its conditions as published
+
+    def observe(self, subjects: Iterable[str], cond: Condition, now: float) -> bool:
+        """Records an event against each subject; whether any subject's conditions changed."""
+        return bool({s for s in subjects if self.state.observe(s, cond, now)})
+
+    def single_bits(self, gpu: GpuDevices, count: int, now: float) -> bool:
+        rate = self._sbe_rate.setdefault(gpu.uuid, EventRate(self.policy.single_bit_window))
+        total = rate.add(count, now)
+        if total < self.policy.single_bit_threshold:
+            return False
+        return self.observe([gpu.uuid], self.policy.single_bit_ecc_rate(total), now)
+
+    def forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
+        """Drops what is known of GPUs and instances no longer in the inventory."""
+        present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
+        for subject in self.state.subjects() - present:
+            self.state.forget(subject)
+        for uuid in set(self._sbe_rate) - set(gpus):
+            del self._sbe_rate[uuid]
+
+    def publish(self, gpus: dict[str, GpuDevices] | None = None) -> None:
+        """Publishes the conditions of every device that changed: its GPU's and its own
+        instance's; a device that left the inventory has none. `gpus`: the inventory's, when the
+        caller has just read them."""
+        gpus = index_gpus(self.inventory.devices()) if gpus is None else gpus
+        now = {
+            name: self.state.conditions(gpu.uuid) | self.state.conditions(instance)
+            for gpu in gpus.values()
+            for name, instance in gpu.instances.items()
+        }
+        for d in sorted(now.keys() | self._published.keys()):
+            conds = now.get(d, frozenset())
+            if conds == self._published.get(d, frozenset()):
+                continue
+            try:
+                self.inventory.set_conditions(self.source, d, conds)
+            except Exception:
+                log.exception("%s: cannot publish health conditions", d)
+                continue
+            if conds:
+                self._published[d] = conds
+                level = logging.WARNING if any(c.unhealthy for c in conds) else logging.INFO
+                log.log(level, "%s: %s", d, "; ".join(sorted(f"{c.key}={c.value} ({c.effect})" for c in conds)))
+            else:
+                del self._published[d]
+                log.info("%s: no GPU health conditions", d)
