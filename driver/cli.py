@@ -143,6 +143,13 @@ def _add_socket_flags(p: _Parser) -> None:
         help="kubelet plugin registry directory",
     )
     _flag(p, "--pod-uid", env="POD_UID", default="", help="this pod's UID, enables rolling-update sockets")
+    _flag(
+        p,
+        "--kubelet-plugins-dir",
+        env="KUBELET_PLUGINS_DIRECTORY_PATH",
+        default="/var/lib/kubelet/plugins",
+        help="parent of the driver's data dir <it>/<driver-name>",
+    )
 
 
 def _add_run_flags(p: _Parser) -> None:
@@ -155,13 +162,6 @@ def _add_run_flags(p: _Parser) -> None:
         help="kubeconfig file, or a ':'-separated list merged as kubectl merges it; default in-cluster",
     )
     _add_socket_flags(p)
-    _flag(
-        p,
-        "--kubelet-plugins-dir",
-        env="KUBELET_PLUGINS_DIRECTORY_PATH",
-        default="/var/lib/kubelet/plugins",
-        help="parent of the driver's data dir <it>/<driver-name>",
-    )
     _flag(p, "--cdi-root", env="CDI_ROOT", default="/var/run/cdi", help="CDI spec directory")
     _flag(p, "--sysfs-root", env="SYSFS_ROOT", default="/sys", help="sysfs mount")
     _flag(p, "--dev-root", env="DEV_ROOT", default="/dev", help="where device nodes are found and made")
@@ -294,8 +294,25 @@ def _add_run_flags(p: _Parser) -> None:
     _add_log_flags(p)
 
 
+class _Verbosity(argparse.Action):
+    """`-v`, `-vv`, `--verbose` count up; `-v=4`, `-v 4`, `--v=4` set the level, as klog users type it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **{**kwargs, "nargs": "?"})
+
+    def __call__(self, parser: argparse.ArgumentParser, ns: argparse.Namespace, value: Any, flag: Any = None) -> None:
+        if value is None or set(value) == {"v"}:  # -v, or -vv read as -v with the value "v"
+            setattr(ns, self.dest, (getattr(ns, self.dest) or 0) + 1 + len(value or ""))
+            return
+        try:
+            setattr(ns, self.dest, _count(value))
+        except argparse.ArgumentTypeError as e:
+            raise argparse.ArgumentError(self, str(e)) from None
+
+
 def _add_log_flags(p: _Parser) -> None:
-    _flag(p, "-v", "--verbose", env="VERBOSITY", default="0", convert=_count, action="count", help="more logging")
+    _flag(p, "-v", "--verbose", "--v", env="VERBOSITY", default="0", convert=_count, action=_Verbosity,
+          metavar="N", help="more logging: -v, -vv, or a level as klog takes it (-v=4)")  # fmt: skip
     _flag(p, "--log-format", env="LOG_FORMAT", default="text", convert=_choice("text", "json"), help="text or json")
 
 
@@ -347,6 +364,9 @@ def driver_parser() -> argparse.ArgumentParser:
     live = command("liveness", "probe a running daemon through its kubelet sockets (exit 0 = alive)")
     _add_socket_flags(live)
     live.add_argument("--timeout", type=_number, default=5.0, help="seconds to wait for each call")
+    live.add_argument(
+        "--ready", action="store_true", help="also ask the status socket whether ResourceSlices are published"
+    )
     _add_log_flags(live)
     demo = command("demo", "run the whole driver on a simulated cluster and node")
     demo.add_argument("--keep", action="store_true", help="keep the demo's temporary directory")
@@ -403,7 +423,15 @@ def _liveness(ns: argparse.Namespace) -> int:
     except NotAlive as e:
         sys.stderr.write(f"tandem-driver liveness: {e}\n")
         return 1
-    print(f"alive: {sock} -> {endpoint}")
+    if ns.ready:
+        from driver.ctl import unready_reason
+        from driver.status_socket import status_socket_path
+
+        reason = unready_reason(status_socket_path(Path(ns.kubelet_plugins_dir) / ns.driver_name), ns.timeout)
+        if reason is not None:
+            sys.stderr.write(f"tandem-driver liveness --ready: not ready: {reason}\n")
+            return 1
+    print(f"alive{' and ready' if ns.ready else ''}: {sock} -> {endpoint}")
     return 0
 
 

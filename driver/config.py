@@ -6,7 +6,10 @@ one-line error at start-up instead of a failure deep inside a prepare call.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import fnmatch
+import json
 import math
 import os
 import re
@@ -144,6 +147,12 @@ class Config:
     # Claims one RoCE NIC may serve at once (consumable capacity `shares`; 1: not shared).
     nic_shares: int = DEFAULT_NIC_SHARES
 
+    def as_log(self) -> str:
+        """Every field as one JSON object, for the start-up log line: what the daemon runs with,
+        whichever flag or variable set it. No field holds a secret (the kubeconfig is a path; the
+        tokens it leads to are read by `driver.kube.kubeconfig` and never kept here)."""
+        return json.dumps({f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)})
+
     @property
     def data_dir(self) -> Path:
         """Per-driver state directory; the kubelet requires it to be the same inside and outside the pod."""
@@ -195,6 +204,20 @@ class Config:
         if self.metrics_address and not (listen and int(listen["port"]) <= 65535):
             raise ConfigError(f"--metrics-address {self.metrics_address!r} must be HOST:PORT (port 0-65535)")
         return self
+
+
+def _plain(value: object) -> object:
+    """A field's value as JSON shows it: paths and enums as their text, sets sorted, the selections'
+    own fields."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, frozenset | tuple):
+        return [_plain(v) for v in (sorted(value) if isinstance(value, frozenset) else value)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return value
 
 
 def check_kubeconfig(value: str) -> None:

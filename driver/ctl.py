@@ -2,8 +2,8 @@
 
 It never rediscovers devices or reads the daemon's files on its own, so what it shows is what
 the daemon acts on. Exit codes make it usable as a probe (node-problem-detector, scripts):
-0 ok/healthy, 1 degraded or a refused request, 2 daemon unreachable. Expected failures are one
-line on stderr, never a traceback.
+0 ok/healthy, 1 degraded, unhealthy or a refused request, 2 daemon unreachable. Expected failures
+are one line on stderr, never a traceback. The readiness probe asks through `unready_reason`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from driver.status_socket import status_socket_path
 from driver.version import add_version_flag
 
 EXIT_OK = 0
-EXIT_DEGRADED = 1  # also: the daemon refused the request
+EXIT_DEGRADED = 1  # also: unhealthy, or the daemon refused the request
 EXIT_UNREACHABLE = 2
 
 
@@ -71,6 +71,19 @@ def request(sock: Path, method: str, path: str, body: dict[str, Any] | None, tim
         return resp.status, json.loads(raw)
     except ValueError as e:
         raise Unreachable(f"the daemon at {sock} answered with something that is not JSON") from e
+
+
+def unready_reason(sock: Path, timeout: float) -> str | None:
+    """Why the daemon behind `sock` is not ready (its /health's `ready`), or None when it is."""
+    try:
+        status, doc = request(sock, "GET", "/health", None, timeout)
+    except Unreachable as e:
+        return str(e)
+    if status != 200 or not isinstance(doc, dict):
+        return f"the daemon's /health answered HTTP {status}"
+    if doc.get("ready") is True:
+        return None
+    return "; ".join(str(r) for r in doc.get("reasons", [])) or "the daemon says it is not ready"
 
 
 def _table(rows: list[list[str]]) -> str:
@@ -127,7 +140,7 @@ def render_health(doc: dict[str, Any]) -> str:
             absent = "" if c.get("present", True) else " (device absent)"
             by = f" by {c['by']}" if c.get("by") else ""
             lines.append(f"  {c.get('device')}{absent}{by} since {c.get('since')}: {c.get('reason')}")
-    daemon = {k: v for k, v in doc.get("daemon", {}).items() if k != "problems"}
+    daemon = {k: v for k, v in doc.get("daemon", {}).items() if k not in ("problems", "unready")}
     if daemon:
         lines.append("daemon:")
         lines += [f"  {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in daemon.items()]
@@ -139,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tandemctl",
         description="Inspect, cordon and release the Tandem DRA driver's devices on this node (asks the running daemon)",
-        epilog="exit codes: 0 ok/healthy, 1 degraded or request refused, 2 daemon unreachable; "
+        epilog="exit codes: 0 ok/healthy, 1 degraded, unhealthy or request refused, 2 daemon unreachable; "
         "usage errors exit 2 as well",
     )
     add_version_flag(p)
@@ -154,7 +167,7 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, text in (
         ("devices", "the node's devices: topology, health, taints, claims"),
-        ("health", "health summary (exit 0 healthy, 1 degraded, 2 unreachable)"),
+        ("health", "health summary (exit 0 healthy, 1 degraded or unhealthy, 2 unreachable)"),
         ("claims", "claims prepared on this node and their devices"),
     ):
         sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="machine-readable output")

@@ -280,7 +280,7 @@ class Daemon:
         return out
 
     def _status_info(self) -> dict[str, Any]:
-        """What `tandemctl health` shows about the daemon; entries in `problems` mean degraded."""
+        """What `tandemctl health` shows about the daemon; `problems` mean degraded, `unready` unhealthy."""
         problems = []
         registration = self.kubelet_server.registration
         reg = registration.state if registration else None
@@ -291,14 +291,14 @@ class Daemon:
         for source in self.sources:
             if source.last_error:
                 problems.append(f"{source.name} discovery unavailable: {source.last_error}")
-        stats = self.publisher.stats
         return {
             "node": self.config.node_name,
             "driver": self.config.driver_name,
             "instance": self.instance.instance_id,
             "registered": bool(reg and reg.registered),
-            "slices": {"syncs": stats.syncs, "writes": stats.writes, "errors": stats.errors},
-            "problems": problems,
+            "slices": self.publisher.summary(),
+            "problems": problems + self.publisher.progress.problems(),
+            "unready": self.publisher.progress.unready(),
         }
 
     def start(self) -> None:
@@ -386,7 +386,7 @@ def run_daemon(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("starting %s node=%s driver=%s pid=%d", describe(), config.node_name, config.driver_name, os.getpid())
+    log.info("starting %s pid=%d, configuration %s", describe(), os.getpid(), config.as_log())
     try:
         daemon = Daemon(config)
         daemon.start()

@@ -15,7 +15,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
@@ -41,13 +41,23 @@ CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 2
 # PublisherStats attribute -> (metric name without _total, help).
 _SLICE_COUNTERS = {
     "syncs": ("tandem_slice_syncs", "Times the publisher compared the desired slices with the live ones."),
-    "errors": ("tandem_slice_errors", "Failed slice syncs (each is retried with backoff)."),
     "watch_restarts": ("tandem_slice_watch_restarts", "Times the slice watch was opened again."),
     "skipped_devices": ("tandem_slice_skipped_devices", "Devices left out because the API cannot represent them."),
 }
 _SLICE_WRITES = {"creates": "create", "updates": "update", "deletes": "delete"}
 
 _LISTEN = re.compile(r"^(?P<host>[^:]*|\[[0-9a-fA-F:]+\]):(?P<port>\d{1,5})$")
+
+
+class SliceStats(Protocol):
+    """What is read of the publisher's `PublisherStats` (a sibling this module does not import):
+    these, and the counters of the tables above by name."""
+
+    @property
+    def error_reasons(self) -> Mapping[str, int]: ...
+
+    @property
+    def published_at(self) -> float | None: ...
 
 
 class _ScrapeCollector(Collector):
@@ -60,7 +70,7 @@ class _ScrapeCollector(Collector):
     def __init__(
         self,
         inventory: Inventory,
-        publisher_stats: Callable[[], object] | None,
+        publisher_stats: Callable[[], SliceStats] | None,
         health_counters: Callable[[], Mapping[str, int]] | None,
     ) -> None:
         self._inventory = inventory
@@ -116,6 +126,21 @@ class _ScrapeCollector(Collector):
         yield writes
         for attr, (name, doc) in _SLICE_COUNTERS.items():
             yield CounterMetricFamily(name, doc, value=float(getattr(stats, attr)))
+        errors = CounterMetricFamily(
+            "tandem_slice_errors",
+            "Failed attempts of the slice publisher (Node lookup, list, watch, write), each retried with backoff, "
+            "by reason: unreachable, unauthorized, forbidden, other.",
+            labels=["reason"],
+        )
+        for reason, n in sorted(stats.error_reasons.items()):
+            errors.add_metric([reason], float(n))
+        yield errors
+        published = stats.published_at
+        yield GaugeMetricFamily(
+            "tandem_slices_published_timestamp_seconds",
+            "Unix time the publisher last wrote or confirmed this node's ResourceSlices; 0 before the first time.",
+            value=float(published or 0.0),
+        )
 
     def _health_families(self) -> Iterator[Metric]:
         if self._health_counters is None:
@@ -170,7 +195,7 @@ class Metrics:
         self,
         inventory: Inventory,
         *,
-        publisher_stats: Callable[[], object] | None = None,
+        publisher_stats: Callable[[], SliceStats] | None = None,
         health_counters: Callable[[], Mapping[str, int]] | None = None,
     ) -> None:
         self.registry = CollectorRegistry()

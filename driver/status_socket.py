@@ -12,6 +12,11 @@ Endpoints: GET /devices, /claims, /health; POST /cordon {"device", "reason", "by
 POST /uncordon {"device"}; POST /release {"device" or "all": true, "reason", "by"} and
 POST /reacquire {"device" or "all": true} (`health.gpu_release`: a release answers once NVML let
 go, 503 when it did not in time). Errors are {"error": "..."} with a 4xx/5xx status.
+
+/health's `status` is "healthy", "degraded" (a device, the registration, a discovery source), or
+"unhealthy": the node's devices may be invisible to the scheduler (no ResourceSlices published).
+Its `ready` (what `tandem-driver liveness --ready`, the readiness probe, asks) is false exactly
+while the node is unhealthy, or while the daemon's own facts cannot be read.
 """
 
 from __future__ import annotations
@@ -104,7 +109,8 @@ class StatusServer:
         releases: GpuReleases,
         info: Callable[[], dict[str, Any]],
     ) -> None:
-        """`info()` adds daemon facts to /health; a list of strings under its "problems" key makes the node degraded."""
+        """`info()` adds daemon facts to /health; a list of strings under its "problems" key makes the node
+        degraded, one under "unready" unhealthy and not ready."""
         self.socket_path = socket_path
         self._inventory = inventory
         self._prepared = prepared
@@ -138,15 +144,16 @@ class StatusServer:
         if unhealthy:
             reasons.append(f"{len(unhealthy)} device(s) not healthy: {', '.join(u['device'] for u in unhealthy)}")
         try:
-            info = dict(self._info())
+            info, known = dict(self._info()), True
         except Exception as e:
             log.exception("status info failed")
-            info = {}
+            info, known = {}, False
             reasons.append(f"daemon status unavailable: {e}")
-        problems = info.get("problems") or []
-        reasons.extend(str(p) for p in (problems if isinstance(problems, list) else [problems]))
+        problems, unready = (_strings(info.get(key)) for key in ("problems", "unready"))
+        reasons = unready + reasons + problems
         return {
-            "status": "degraded" if reasons else "healthy",
+            "status": "unhealthy" if unready else "degraded" if reasons else "healthy",
+            "ready": known and not unready,
             "reasons": reasons,
             "devices": {
                 "total": len(devices),
@@ -256,6 +263,11 @@ class StatusServer:
             if (st.st_dev, st.st_ino) == self._identity:
                 self.socket_path.unlink()
         self._server = None
+
+
+def _strings(value: Any) -> list[str]:
+    """A list of reasons from `info()`: a list, one value, or none."""
+    return [str(v) for v in (value if isinstance(value, list) else [value] if value else [])]
 
 
 def _field(body: dict[str, Any], key: str) -> str:

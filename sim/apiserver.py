@@ -129,13 +129,14 @@ class SimApiServer:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> SimApiServer:
-        """Bind 127.0.0.1 on a free port and serve from daemon threads; starting twice is a no-op."""
+    def start(self, port: int = 0) -> SimApiServer:
+        """Bind 127.0.0.1 on `port` (0: a free one) and serve from daemon threads; starting twice is
+        a no-op. A given port is where a kubeconfig already points (an API server that comes back)."""
         if self._httpd is not None:
             return self
         if self.store.validate:
             apivalidate.warm_up()
-        self._httpd = _HttpServer(("127.0.0.1", 0), _Handler, self)
+        self._httpd = _HttpServer(("127.0.0.1", port), _Handler, self)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, name="sim-apiserver", daemon=True
         )

@@ -4,7 +4,8 @@ Per prepared claim and request (docs/reference/device-metadata.md):
 
 * host file `<dataDir>/dra-device-metadata/<claimUID>/<baseRequest>/metadata.json`
   (directories 0755, file 0644): a JSON stream, one indented `DeviceMetadata` object per
-  supported version, newest first, each followed by a newline (`driver.claims.metadata_format`).
+  supported version, newest first (v1beta1, v1alpha1), each followed by a newline
+  (`driver.claims.metadata_format`).
   The Go library names the directory `<namespace>_<name>`; Tandem keys it by claim UID instead,
   like every other file it keeps for a claim, so that a claim deleted and recreated under the
   same name (Jobs do this) never shares a file with its predecessor: a late Unprepare of the old
@@ -39,7 +40,7 @@ from typing import Any
 
 import cdi
 from cdi import atomic_write, is_dns_label
-from driver.claims.metadata_format import MetadataDevice, MetadataError, decode_stream, document, encode_stream
+from driver.claims.metadata_format import MetadataDevice, MetadataError, decode_stream, document, encode_versions
 from driver.config import is_uid
 from driver.fsutil import PREPARED_STATE_DURABLE
 from driver.untrusted import shown
@@ -185,25 +186,28 @@ class MetadataWriter:
         devices: Sequence[MetadataDevice],
     ) -> None:
         try:
-            existing = self._read(path)
+            data = self._raw(path)
+            existing = _decoded(path, data)
         except MetadataError as e:  # e.g. an in-place update torn by a crash: start over
             log.warning("replacing unreadable device metadata: %s", e)
-            existing = None
+            data = existing = None
         if existing is not None and existing["metadata"].get("uid") == uid:
             old_generation = existing["metadata"].get("generation")
             old_generation = old_generation if isinstance(old_generation, int) else 0
             same = document(self.driver, namespace, name, uid, old_generation, pod_claim_name, request, devices)
-            if same == existing:
+            # Byte for byte: a file of 0.1.0 (v1alpha1 alone), or one whose rewrite stopped after
+            # its first object, decodes the same but lacks a version some consumer reads.
+            if encode_versions(same) == data:
                 return
             # Same claim, new content: containers may already hold the file, so keep its inode.
             doc = document(self.driver, namespace, name, uid, old_generation + 1, pod_claim_name, request, devices)
-            _rewrite_in_place(path, encode_stream([doc]))
+            _rewrite_in_place(path, encode_versions(doc))
             return
         # A new file (or one left unreadable, or naming another UID): a fresh inode.
         self._mkdirs(path.parent)
         atomic_write(
             path,
-            encode_stream([document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)]),
+            encode_versions(document(self.driver, namespace, name, uid, 1, pod_claim_name, request, devices)),
             FILE_MODE,
             durable=PREPARED_STATE_DURABLE,
         )
@@ -239,7 +243,7 @@ class MetadataWriter:
         old_ref = requests[0].get("name") if isinstance(requests[0], dict) else None
         ref = request if "/" in request or not isinstance(old_ref, str) else old_ref
         doc = document(self.driver, namespace, name, uid, generation + 1, str(pod_claim_name), ref, devices)
-        _rewrite_in_place(path, encode_stream([doc]))
+        _rewrite_in_place(path, encode_versions(doc))
 
     # -- unprepare and reconciliation ----------------------------------------------------------
 
@@ -324,9 +328,14 @@ class MetadataWriter:
                 d.mkdir()
             os.chmod(d, DIR_MODE)
 
-    @staticmethod
-    def _read(path: Path) -> dict[str, Any] | None:
+    @classmethod
+    def _read(cls, path: Path) -> dict[str, Any] | None:
         """The first known object of the file (its `metadata` is an object); None when missing."""
+        return _decoded(path, cls._raw(path))
+
+    @staticmethod
+    def _raw(path: Path) -> bytes | None:
+        """The file's bytes; None when missing. More than MAX_FILE_BYTES is an error, not read on."""
         try:
             with open(path, "rb") as f:
                 data = f.read(MAX_FILE_BYTES + 1)
@@ -336,10 +345,17 @@ class MetadataWriter:
             raise MetadataError(f"cannot read {path}: {e}") from None
         if len(data) > MAX_FILE_BYTES:
             raise MetadataError(f"{path} is larger than {MAX_FILE_BYTES} bytes")
-        try:
-            return decode_stream(data)
-        except MetadataError as e:
-            raise MetadataError(f"{path}: {e}") from None
+        return data
+
+
+def _decoded(path: Path, data: bytes | None) -> dict[str, Any] | None:
+    """The first known object of the bytes `data` read from `path`; None for a missing file."""
+    if data is None:
+        return None
+    try:
+        return decode_stream(data)
+    except MetadataError as e:
+        raise MetadataError(f"{path}: {e}") from None
 
 
 def _rewrite_in_place(path: Path, data: bytes) -> None:

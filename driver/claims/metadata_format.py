@@ -18,7 +18,13 @@ from driver.errors import NodeError
 from driver.kube.types import NetworkDeviceData
 from driver.model import Device, attribute_to_api
 
-API_VERSION = "metadata.resource.k8s.io/v1alpha1"
+GROUP = "metadata.resource.k8s.io"
+# The versions a file holds, newest first: a consumer takes the first object of a version it
+# knows, so readers of either version find theirs (and a reader of both, the newest). In
+# k8s.io/dynamic-resource-allocation v0.37.2 v1beta1 has exactly the fields, validation and
+# field-by-field conversions of v1alpha1, so the objects differ in `apiVersion` only.
+# Files of Tandem 0.1.0 hold v1alpha1 alone; they are read the same and gain v1beta1 when rewritten.
+API_VERSIONS = (f"{GROUP}/v1beta1", f"{GROUP}/v1alpha1")
 KIND = "DeviceMetadata"
 
 
@@ -59,16 +65,17 @@ def document(
     request: str,
     devices: Sequence[MetadataDevice],
 ) -> dict[str, Any]:
-    """One `DeviceMetadata` object, keys in the Go encoder's order (TypeMeta is kind, apiVersion)."""
+    """One `DeviceMetadata` object of the newest version, keys in the Go encoder's order (TypeMeta
+    is kind, apiVersion; ObjectMeta's zero `creationTimestamp` is left out, `omitzero` since
+    apimachinery v0.37); `encode_versions` makes the file of it."""
     doc: dict[str, Any] = {
         "kind": KIND,
-        "apiVersion": API_VERSION,
+        "apiVersion": API_VERSIONS[0],
         "metadata": {
             "name": name,
             "namespace": namespace,
             "uid": uid,
             "generation": generation,
-            "creationTimestamp": None,
         },
     }
     if pod_claim_name:
@@ -85,8 +92,14 @@ def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(doc, indent=2, ensure_ascii=False) + "\n" for doc in documents).encode()
 
 
+def encode_versions(doc: dict[str, Any]) -> bytes:
+    """A file's content: `doc` once per version of API_VERSIONS, newest first."""
+    return encode_stream([{**doc, "apiVersion": version} for version in API_VERSIONS])
+
+
 def decode_stream(data: bytes) -> dict[str, Any]:
-    """The first object of a version we know, by the consumer's rules (docs/reference/device-metadata.md, 'Consumer rules')."""
+    """The first object of a version we know, by the consumer's rules (docs/reference/device-metadata.md,
+    'Consumer rules'): the v1beta1 one of Tandem's files, the v1alpha1 one of a file of 0.1.0."""
     try:
         text = data.decode()
     except UnicodeDecodeError as e:
@@ -104,7 +117,7 @@ def decode_stream(data: bytes) -> dict[str, Any]:
             raise MetadataError(f"metadata file is not a JSON stream: {e}") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("apiVersion"), str):
             raise MetadataError("metadata object without apiVersion")
-        if obj["apiVersion"] != API_VERSION:
+        if obj["apiVersion"] not in API_VERSIONS:
             unknown.append(obj["apiVersion"])
             continue
         if obj.get("kind") != KIND:

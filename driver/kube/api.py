@@ -31,7 +31,7 @@ from typing import Any, cast
 from urllib.parse import quote, urlencode
 
 from driver.errors import ApiServerError
-from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts, failure
+from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts, failure, unreachable
 from driver.kube.kubeconfig import KubeconfigError, cluster_access
 from driver.kube.types import AllocatedDeviceStatus, ResourceClaim
 from driver.resource_api import API_VERSION
@@ -65,15 +65,17 @@ _DETAIL = 512
 
 
 class ApiError(ApiServerError):
-    """A failed API call. `status` is the HTTP status, 0 when no response came back;
-    `retry_after` the seconds the server asked to wait before the next try (Retry-After of a 429
-    or 503, bounded by `Response.retry_after`), 0 when it asked nothing."""
+    """A failed API call. `status` is the HTTP status, 0 when no response came back (`unreachable`:
+    no server answered at all); `retry_after` the seconds the server asked to wait before the next
+    try (Retry-After of a 429 or 503, bounded by `Response.retry_after`), 0 when it asked nothing."""
 
-    def __init__(self, message: str, status: int = 0, retryable: bool | None = None, retry_after: float = 0.0) -> None:
+    def __init__(self, message: str, status: int = 0, retryable: bool | None = None, retry_after: float = 0.0,
+                 unreachable: bool = False) -> None:  # fmt: skip
         super().__init__(message)
         self.status = status
         self.retryable = status in _RETRYABLE if retryable is None else retryable
         self.retry_after = retry_after
+        self.unreachable = unreachable
 
 
 class Conflict(ApiError):
@@ -104,7 +106,7 @@ def _error_from(exc: BaseException, what: str) -> ApiError:
     answer, an unreadable token): retryable, saying what failed (`failure`)."""
     if isinstance(exc, ApiError):
         return exc
-    return ApiError(f"{what}: {failure(exc)}", 0, retryable=True)
+    return ApiError(f"{what}: {failure(exc)}", 0, retryable=True, unreachable=unreachable(exc))
 
 
 def _status_error(resp: Response, what: str) -> ApiError:
@@ -275,6 +277,7 @@ class KubeAPI:
         except ValueError as exc:
             raise ApiError(f"cannot use the Kubernetes client configuration: {exc}", retryable=False) from exc
         self._credentials = access.credentials
+        self.server = self._pool.server  # for messages: where the API server is
         self._read_timeout = timeout[1]
 
     def close(self) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import errno
 import http.client
 import select
 import socket
@@ -56,6 +57,8 @@ _FAILURES: tuple[tuple[type[BaseException], str], ...] = (
     (TimeoutError, "no answer in time"),
     (http.client.HTTPException, "not a valid HTTP answer"),
 )
+# Errnos of a connection no server answered that are not ConnectionErrors: no route, network down.
+_NO_ROUTE = frozenset({errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN, errno.ENETDOWN})
 
 
 @dataclass(frozen=True)
@@ -203,6 +206,8 @@ class ConnectionPool:
         self, server: str, tls: TlsSettings | None, proxy: str | None, timeouts: Timeouts, maxsize: int
     ) -> None:
         url = urlsplit(server)
+        # Where requests go, fit for messages: without a user:password the URL may carry.
+        self.server = f"{url.scheme}://{url.netloc.rpartition('@')[2]}{url.path.rstrip('/')}"
         self._https = url.scheme == "https"
         self._host, self._port = url.hostname or "", url.port
         self._origin = f"{url.scheme}://{url.netloc}"
@@ -313,6 +318,15 @@ def failure(exc: BaseException) -> str:
     failed = next((words + ": " for kind, words in _FAILURES if isinstance(exc, kind)), "")
     text = shown(str(exc), 200) if isinstance(exc, http.client.HTTPException) else str(exc)
     return f"{failed}{type(exc).__name__}: {text}"
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether a request's exception says that no server answered at the address: refused, reset,
+    timed out, no such name, no route. Not a TLS failure, a broken answer or an unreadable
+    credential: there something answered, or the fault is this side's."""
+    return isinstance(exc, (ConnectionError, TimeoutError, socket.gaierror)) or (
+        isinstance(exc, OSError) and exc.errno in _NO_ROUTE
+    )
 
 
 def _repeatable(reused: bool, method: str) -> bool:

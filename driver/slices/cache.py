@@ -12,6 +12,10 @@ flight are remembered (with their resourceVersions) until it is merged, so that 
 list's snapshot is not put back from it. The list is a consistent read, so a deletion seen before
 it was asked for is already missing from it. Of two lists in flight at once, the older answer
 is dropped if the newer one was merged first.
+
+The cache is `current` from a list until the watch fails: a sync that agrees with it then confirms
+nothing (`driver.slices.progress`). Every failed watch and list is reported (`failed`), except a
+410 Gone: a resourceVersion that left the server's history is how a watch ends, not a failure.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kube.api import KubeAPI, SliceWatch, retry_after
+from driver.kube.api import ApiError, KubeAPI, SliceWatch, retry_after
 from driver.slices.build import metadata
 
 log = logging.getLogger(__name__)
@@ -44,7 +48,7 @@ class LiveSlices:
     Shares the publisher's condition: every change is made under it and reported by calling
     `changed` (still under it), which is how the publisher learns it must compare again. The
     publisher's worker lists (`relist`) and records its own writes (`put`, `remove`); the watch
-    thread applies events and lists again when the watch fails.
+    thread applies events and lists again when the watch fails, reporting each failure to `failed`.
     """
 
     def __init__(
@@ -57,6 +61,7 @@ class LiveSlices:
         stop: threading.Event,
         backoff: Backoff,
         watch_timeout: int,
+        failed: Callable[[BaseException], None],
     ) -> None:
         self._api = api
         self._node = node_name
@@ -66,12 +71,14 @@ class LiveSlices:
         self._stop = stop
         self._backoff = backoff
         self._watch_timeout = watch_timeout
+        self._failed = failed
         # Guarded by _cond:
         self._live: dict[str, dict[str, Any]] = {}
         self._list_rv: int | None = None
         self._relists = 0  # lists in flight
         self._deleted: dict[str, int] = {}  # name -> resourceVersion of deletions seen meanwhile
         self.listed = False
+        self.current = False  # listed, and the watch has not failed since
         self.watch_restarts = 0  # times the watch was opened again after it ended or failed
         self._watch: SliceWatch | None = None
         self._thread: threading.Thread | None = None
@@ -147,7 +154,7 @@ class LiveSlices:
                     fresh[name] = obj
         self._live = fresh
         self._list_rv = list_rv
-        self.listed = True
+        self.listed = self.current = True
         self._changed()
 
     def _watch_loop(self, rv: str) -> None:
@@ -175,12 +182,17 @@ class LiveSlices:
             except Exception as exc:
                 if self._stop.is_set():
                     return
-                log.info("ResourceSlice watch failed (%s); listing again", exc)
+                with self._cond:  # the publisher's confirmations see both at once
+                    self.current = False
+                    if isinstance(exc, ApiError) and exc.status == 410:
+                        log.info("ResourceSlice watch expired (%s); listing again", exc)
+                    else:
+                        self._failed(exc)
                 self._stop.wait(backoff.next(retry_after(exc)))
                 try:
                     rv = self.relist()
                 except Exception as list_exc:
-                    log.warning("listing ResourceSlices failed: %s", list_exc)
+                    self._failed(list_exc)
                     self._stop.wait(backoff.next(retry_after(list_exc)))
                 continue
             # The server ended the watch. Resume from the last version seen; a server that keeps

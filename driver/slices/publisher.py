@@ -4,7 +4,8 @@ The publisher feeds the pure half (`build_slices`, `plan`) and carries the plann
 through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
 rate-limited, failures retried with backoff, and a server that silently drops list-typed
 attributes, device taints, shared counters or consumable capacity (feature gate off) is answered
-with a fallback instead of endless rewrites. Over 400 lines on purpose: those fallbacks are modes
+with a fallback instead of endless rewrites. What came of its attempts (failures by reason, the
+last publish) is kept by `driver.slices.progress`. Over 400 lines on purpose: those fallbacks are modes
 of the one sync loop, set and read under its condition variable, so they stay in the class that
 owns the loop.
 """
@@ -16,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from driver.backoff import Backoff, Retry
@@ -33,6 +34,7 @@ from driver.slices.build import (
 )
 from driver.slices.cache import LiveSlices
 from driver.slices.plan import counters_dropped, list_attributes_dropped, plan, sharing_dropped, taints_dropped
+from driver.slices.progress import PublishProgress
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,9 @@ class PublisherStats:
     creates: int = 0
     updates: int = 0
     deletes: int = 0
-    errors: int = 0
+    errors: int = 0  # failed attempts: Node lookups, lists, watches, writes; by reason in `error_reasons`
+    error_reasons: dict[str, int] = field(default_factory=dict)
+    published_at: float | None = None  # Unix time of the last publish or confirmation
     watch_restarts: int = 0  # times the watch was opened again after it ended or failed
     skipped_devices: int = 0  # devices left out because the API cannot represent them
 
@@ -71,8 +75,8 @@ class SlicePublisher:
 
     Two threads: this worker ("slice-publisher"), which resolves the Node, lists, and syncs
     (coalesced, rate-limited, retried with backoff), and the watch thread of `LiveSlices`, which
-    keeps the cache of the live slices it plans against. API errors are logged and retried
-    forever; nothing here exits because the API server misbehaves.
+    keeps the cache of the live slices it plans against. API errors are retried forever, and
+    counted, logged and told by `progress`; nothing here exits because the API server misbehaves.
     """
 
     def __init__(
@@ -90,6 +94,7 @@ class SlicePublisher:
         self._opts = options or PublisherOptions()
         self._cond = threading.Condition()
         self._stop = threading.Event()
+        self.progress = PublishProgress(api.server)
         self._cache = LiveSlices(
             api,
             node_name,
@@ -99,6 +104,7 @@ class SlicePublisher:
             self._stop,
             Backoff(initial=self._opts.backoff_initial, maximum=self._opts.backoff_max),
             self._opts.watch_timeout,
+            self.progress.failed,
         )
         # Guarded by _cond:
         self._node_uid: str | None = None
@@ -156,8 +162,15 @@ class SlicePublisher:
 
     @property
     def stats(self) -> PublisherStats:
+        errors, published_at = self.progress.errors(), self.progress.published_at
         with self._cond:
-            return dataclasses.replace(self._stats, watch_restarts=self._cache.watch_restarts)
+            return dataclasses.replace(self._stats, watch_restarts=self._cache.watch_restarts, errors=sum(errors.values()),
+                                       error_reasons=errors, published_at=published_at)  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        """What `tandemctl health` shows of the publisher: its work, and whether it published."""
+        stats = self.stats
+        return {"syncs": stats.syncs, "writes": stats.writes, "errors": stats.errors, **self.progress.summary()}
 
     @property
     def list_attributes_active(self) -> bool:
@@ -220,7 +233,7 @@ class SlicePublisher:
                     self._node_uid = ref.uid
                 break
             except Exception as exc:  # never let the publisher thread die: retry everything
-                log.warning("resolving node %s failed (will retry): %s", self._node, exc)
+                self.progress.failed(exc)
                 self._stop.wait(backoff.next(retry_after(exc)))
         backoff.reset()
         rv = ""
@@ -229,7 +242,7 @@ class SlicePublisher:
                 rv = self._cache.relist()
                 break
             except Exception as exc:
-                log.warning("listing ResourceSlices failed (will retry): %s", exc)
+                self.progress.failed(exc)
                 self._stop.wait(backoff.next(retry_after(exc)))
         if self._stop.is_set():
             return
@@ -242,17 +255,25 @@ class SlicePublisher:
                     self._cache.relist()
                     relist = False
                 self._sync_once()
+                self._confirmed()
                 backoff.reset()
             except Exception as exc:  # a publisher must survive anything the API or caller throws
                 if isinstance(exc, ApiError) and self._lists_rejected(exc):
                     continue
                 relist = isinstance(exc, (Conflict, NotFound))
                 delay = backoff.next(retry_after(exc))
-                log.warning("publishing ResourceSlices failed (retry in %.1fs): %s", delay, exc)
+                self.progress.failed(exc)
                 with self._cond:
-                    self._stats.errors += 1
                     self._retry_at = time.monotonic() + delay
                     self._mark_dirty()
+
+    def _confirmed(self) -> None:
+        """A sync left the live slices equal to the desired ones: published, if the watch keeps
+        the cache it compared with current (a stale copy confirms nothing). Under the condition,
+        as the watch's failure is told, so that the two cannot cross."""
+        with self._cond:
+            if self._cache.current:
+                self.progress.published()
 
     def _lists_rejected(self, exc: ApiError) -> bool:
         """Switch to scalar attributes if the server refused our list-typed ones.

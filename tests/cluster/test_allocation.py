@@ -58,8 +58,12 @@ def test_gpu_claim_gives_the_container_its_gpu_and_no_other(cluster: Cluster, ta
     nodes, env, metadata = report(text)
     assert nodes == [f"nvidia{minor(result['device'])}"]
     assert env[f"TANDEM_DEVICE_{result['device'].upper().replace('-', '_')}"] == attribute(device, "uuid")
-    (doc,) = metadata
-    assert doc["kind"] == "DeviceMetadata"
+    doc, older = metadata  # one file: the object in each version, newest first
+    assert [d["apiVersion"] for d in metadata] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    assert doc["kind"] == "DeviceMetadata" and {**doc, "apiVersion": older["apiVersion"]} == older
     assert [d["name"] for r in doc["requests"] for d in r["devices"]] == [result["device"]]
     assert [(s["device"], s["conditions"][0]["type"], s["conditions"][0]["status"]) for s in status] == [
         (result["device"], "Ready", "True")

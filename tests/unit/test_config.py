@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from driver.cli import config_from_args, driver_main, driver_parser
-from driver.config import ConfigError, NicExclusions
+from driver.config import Config, ConfigError, NicExclusions
 from driver.kube.kubeconfig import cluster_access
 from driver.model import DeviceKind
 
@@ -119,7 +121,7 @@ BAD_ENVIRONMENT = {
     "DYNAMIC_MIG": ("gpu-3", "--dynamic-mig: 'gpu-3' is not 'all', a GPU minor number or a GPU UUID"),
     "NIC_LINK_SOURCE": ("pigeon", "argument --nic-link-source (from NIC_LINK_SOURCE='pigeon'): 'pigeon' is not one of"),
     "NIC_SHARES": ("0", "--nic-shares 0 must be 1 to 1000"),
-    "VERBOSITY": ("x", "argument -v/--verbose (from VERBOSITY='x'): 'x' is not a verbosity level"),
+    "VERBOSITY": ("x", "argument -v/--verbose/--v (from VERBOSITY='x'): 'x' is not a verbosity level"),
     "LOG_FORMAT": ("xml", "argument --log-format (from LOG_FORMAT='xml'): 'xml' is not one of: text, json"),
 }
 
@@ -297,3 +299,39 @@ def test_dynamic_mig_selects_gpus_by_minor_or_uuid(monkeypatch):
     everything = _config(["--node-name", "n", "--dynamic-mig", "all"], monkeypatch).dynamic_mig
     assert everything.selects(5, "GPU-y")
     assert not _config(["--node-name", "n"], monkeypatch).dynamic_mig.selects(0, uuid)  # off by default
+
+
+@pytest.mark.parametrize(
+    ("argv", "level"),
+    [
+        (["-v=4"], 4),
+        (["-v", "4"], 4),
+        (["--v=4"], 4),
+        (["--v", "4"], 4),
+        (["-v4"], 4),
+        (["-v"], 1),
+        (["-vv"], 2),
+        (["-vvv"], 3),
+        (["--verbose"], 1),
+        (["-v", "-v"], 2),
+        ([], 0),
+    ],
+)
+def test_verbosity_as_klog_users_type_it(argv, level, monkeypatch):
+    _clean_environment(monkeypatch)
+    for command in ("run", "liveness", "demo"):
+        assert driver_parser().parse_args([command, *argv]).verbose == level, command
+
+
+def test_a_bad_verbosity_is_a_one_line_usage_error(monkeypatch, capsys):
+    _clean_environment(monkeypatch)
+    with pytest.raises(SystemExit) as exit_:
+        driver_parser().parse_args(["run", "-v=loud"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "'loud' is not a verbosity level" in err
+
+
+def test_the_configuration_holds_no_secret():
+    """It is logged whole: the kubeconfig is a path, and no field may ever carry a credential."""
+    assert not [f.name for f in dataclasses.fields(Config) if re.search("token|password|secret|credential", f.name)]

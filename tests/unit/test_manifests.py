@@ -27,6 +27,7 @@ from driver.discovery.nic_device import SHARES
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
 from driver.node.driver_root import DriverFiles, find_driver_files
+from driver.status_socket import status_socket_path
 from sim.driver_files import render_driver_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -443,8 +444,20 @@ def test_resources_have_requests_and_a_memory_limit() -> None:
 
 
 def test_probes_run_the_liveness_subcommand() -> None:
-    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+    """Readiness also needs the ResourceSlices published; liveness and start-up never do: a restart
+    brings no API server back, and stops the MPS daemons of running pods."""
+    for probe in ("startupProbe", "livenessProbe"):
         assert CONTAINER[probe]["exec"]["command"] == ["tandem-driver", "liveness"], probe
+    assert CONTAINER["readinessProbe"]["exec"]["command"] == ["tandem-driver", "liveness", "--ready"]
+
+
+def test_readiness_probe_asks_the_status_socket_the_daemon_serves(daemon_config: Config) -> None:
+    (_tandem_driver, *args) = CONTAINER["readinessProbe"]["exec"]["command"]
+    probe = driver_parser().parse_args(args)
+    assert probe.ready
+    assert status_socket_path(Path(probe.kubelet_plugins_dir) / probe.driver_name) == status_socket_path(
+        daemon_config.data_dir
+    )
 
 
 def _subcommands() -> set[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -28,6 +28,8 @@ class FakeStats:
     errors: int = 0
     watch_restarts: int = 0
     skipped_devices: int = 0
+    error_reasons: dict[str, int] = field(default_factory=dict)
+    published_at: float | None = None
 
 
 def _inventory() -> Inventory:
@@ -113,17 +115,31 @@ def test_device_gauges_follow_the_inventory():
 
 
 def test_publisher_stats_surface_as_counters():
-    stats = FakeStats(syncs=7, writes=6, creates=3, updates=2, deletes=1, errors=4, watch_restarts=5)
+    reasons = {"unreachable": 3, "unauthorized": 0, "forbidden": 1, "other": 0}
+    stats = FakeStats(syncs=7, writes=6, creates=3, updates=2, deletes=1, errors=4, watch_restarts=5,
+                      error_reasons=reasons)  # fmt: skip
     m = Metrics(_inventory(), publisher_stats=lambda: stats)
     s = _samples(m)
     assert _get(s, "tandem_slice_writes_total", op="create") == 3
     assert _get(s, "tandem_slice_writes_total", op="update") == 2
     assert _get(s, "tandem_slice_writes_total", op="delete") == 1
     assert _get(s, "tandem_slice_syncs_total") == 7
-    assert _get(s, "tandem_slice_errors_total") == 4
     assert _get(s, "tandem_slice_watch_restarts_total") == 5
     stats.syncs = 8  # read at scrape time, not copied once
     assert _get(_samples(m), "tandem_slice_syncs_total") == 8
+
+
+def test_slice_errors_by_reason_and_the_last_publish():
+    """An SRE's two alerts on a node whose slices the scheduler may not see: failures by reason
+    (an unreachable API server told from an RBAC fault), and the age of the last publish."""
+    stats = FakeStats(error_reasons={"unreachable": 14, "unauthorized": 0, "forbidden": 2, "other": 0})
+    m = Metrics(_inventory(), publisher_stats=lambda: stats)
+    s = _samples(m)
+    errors = {dict(k[1])["reason"]: v for k, v in s.items() if k[0] == "tandem_slice_errors_total"}
+    assert errors == {"unreachable": 14, "unauthorized": 0, "forbidden": 2, "other": 0}
+    assert _get(s, "tandem_slices_published_timestamp_seconds") == 0, "never published: 0, so an age alert fires"
+    stats.published_at = 1_700_000_000.5
+    assert _get(_samples(m), "tandem_slices_published_timestamp_seconds") == 1_700_000_000.5
 
 
 def test_health_counters_surface_by_source_event():

@@ -212,6 +212,34 @@ def test_health_survives_a_failing_info(node: Node) -> None:
     assert status == 200
     assert doc["status"] == "degraded"
     assert any("registration state lost" in r for r in doc["reasons"])
+    assert doc["ready"] is False, "without the daemon's facts, nothing says the slices are published"
+
+
+UNPUBLISHED = (
+    "no ResourceSlices published: the API server at https://10.0.0.1:6443 cannot be reached: get node n: "
+    "connection refused: ConnectionRefusedError: [Errno 111] Connection refused "
+    "(since 2025-01-02T12:03:01Z, 14 failed attempt(s))"
+)
+
+
+def test_unpublished_slices_make_the_node_unhealthy_and_not_ready(node: Node) -> None:
+    node.info.update(registered=True)
+    _, doc = node.get("/health")
+    assert (doc["status"], doc["ready"]) == ("healthy", True)
+
+    node.info.update(unready=[UNPUBLISHED], problems=["the kubelet has not confirmed the registration"])
+    _, doc = node.get("/health")
+    assert (doc["status"], doc["ready"]) == ("unhealthy", False)
+    assert doc["reasons"] == [UNPUBLISHED, "the kubelet has not confirmed the registration"], "invisibility first"
+
+
+def test_a_degraded_node_is_still_ready(node: Node) -> None:
+    """A tainted device or slices that stopped following health are the scheduler's to work around;
+    the pod is not ready only while its devices may be invisible to it."""
+    node.inventory.set_conditions("gpu", "gpu-1", [XID])
+    node.info["problems"] = ["ResourceSlices not confirmed since 2025-01-02T12:00:00Z: ..."]
+    _, doc = node.get("/health")
+    assert (doc["status"], doc["ready"]) == ("degraded", True)
 
 
 def test_no_devices_is_degraded(node: Node) -> None:
@@ -392,6 +420,22 @@ def test_ctl_health_exit_codes(node: Node, capsys: pytest.CaptureFixture[str]) -
     out = capsys.readouterr().out
     assert out.startswith("degraded") and "gpu-1: XID 79" in out
     assert node.ctl("health", "--json") == 1
+
+
+def test_ctl_health_says_unhealthy_with_the_reason(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.info.update(registered=True, unready=[UNPUBLISHED])
+    assert node.ctl("health") == ctl.EXIT_DEGRADED
+    out = capsys.readouterr().out
+    assert out.splitlines()[:2] == ["unhealthy", f"  - {UNPUBLISHED}"]
+    assert "unready" not in out, "the reason is told once, not again among the daemon's facts"
+
+
+def test_readiness_asks_the_status_socket(node: Node, tmp_short: Path) -> None:
+    node.info.update(registered=True)
+    assert ctl.unready_reason(node.sock, 5) is None
+    node.info["unready"] = [UNPUBLISHED]
+    assert ctl.unready_reason(node.sock, 5) == UNPUBLISHED
+    assert "no daemon socket" in (ctl.unready_reason(tmp_short / "none.sock", 5) or "")
 
 
 def test_ctl_health_unreachable_without_socket(tmp_short: Path, capsys: pytest.CaptureFixture[str]) -> None:

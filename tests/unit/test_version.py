@@ -3,6 +3,8 @@ commit, from the image's build args or, in a checkout, from git, and never a cra
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 import re
@@ -15,7 +17,7 @@ import pytest
 
 from driver import daemon
 from driver.cli import ctl_main, driver_main
-from driver.config import Config
+from driver.config import Config, GpuSelection
 from driver.version import COMMIT_ENV, CREATED_ENV, PACKAGE, describe
 
 SHA = "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
@@ -125,8 +127,9 @@ def test_the_version_flag_prints_one_line_and_exits_0(main, program, monkeypatch
     assert out == f"{program} {VERSION} (commit 1a2b3c4d5e6f, built 2026-12-01)\n"
 
 
-def test_the_daemon_logs_its_build_at_start_up(monkeypatch, caplog) -> None:
-    """The first line of a daemon's log says which build runs, even one that cannot start."""
+def test_the_daemon_logs_its_build_and_configuration_at_start_up(monkeypatch, caplog, tmp_path) -> None:
+    """The first line of a daemon's log says which build runs, even one that cannot start, and with
+    what: every field of its configuration, whichever flag or variable set it."""
 
     class Unstartable:
         def __init__(self, config: Config) -> None:
@@ -137,6 +140,13 @@ def test_the_daemon_logs_its_build_at_start_up(monkeypatch, caplog) -> None:
     monkeypatch.setattr(daemon, "Daemon", Unstartable)
     monkeypatch.setattr(daemon.signal, "signal", lambda *_: None)  # leave pytest's handlers alone
     caplog.set_level(logging.INFO, logger="driver.daemon")
-    assert daemon.run_daemon(Config(node_name="n1")) == 1
+    kubeconfig = tmp_path / "kubeconfig"
+    config = Config(node_name="n1", kubeconfig=str(kubeconfig), dynamic_mig=GpuSelection(gpus=frozenset({"0"})))
+    assert daemon.run_daemon(config) == 1
     first = caplog.records[0].getMessage()
-    assert first.startswith(f"starting tandem-driver {VERSION} (commit 1a2b3c4d5e6f) node=n1 driver=tandem.dev pid=")
+    assert first.startswith(f"starting tandem-driver {VERSION} (commit 1a2b3c4d5e6f) pid=")
+    logged = json.loads(first.split(", configuration ", 1)[1])
+    assert set(logged) == {f.name for f in dataclasses.fields(Config)}
+    assert (logged["node_name"], logged["driver_name"], logged["kubeconfig"]) == ("n1", "tandem.dev", str(kubeconfig))
+    assert logged["dynamic_mig"] == {"everything": False, "gpus": ["0"]}
+    assert logged["device_kinds"] == ["gpu", "nic"] and logged["plugins_dir"] == "/var/lib/kubelet/plugins"

@@ -22,6 +22,7 @@ UID = "7f1c9e2a-51d3-4c3e-9b61-0c2f3a5d8e11"
 NS, NAME = "team-a", "train-gpus"
 GPU_ATTRS = {"type": {"string": "gpu"}, "resource.kubernetes.io/numaNode": {"int": 0}}
 NET = {"interfaceName": "net1", "ips": ["10.0.0.10/24"], "hardwareAddress": "b8:3f:d2:00:00:01"}
+BETA, ALPHA = "metadata.resource.k8s.io/v1beta1", "metadata.resource.k8s.io/v1alpha1"
 
 
 @pytest.fixture
@@ -78,26 +79,70 @@ def test_write_creates_the_files_keyed_by_claim_uid_with_the_go_library_modes(
     assert (cdi_dir / f"{DRIVER}_metadata_{UID}_nic.json").exists()
 
 
-def test_host_file_is_the_go_stream_of_one_versioned_object(writer: MetadataWriter, dirs: tuple[Path, Path]) -> None:
+def test_host_file_is_the_go_stream_of_the_object_in_each_version_newest_first(
+    writer: MetadataWriter, dirs: tuple[Path, Path]
+) -> None:
+    """v1beta1 then v1alpha1, as Kubernetes 1.37 serves them: the same fields (the two versions'
+    types are the same), kind and apiVersion first as Go encodes TypeMeta."""
     writer.write(NS, NAME, UID, "", [gpu("gpu/large"), gpu("gpu/large", "gpu-1", {}), gpu("", "gpu-7")])
     text = host_file(dirs).read_text()
-    assert text.startswith('{\n  "kind": "DeviceMetadata",\n') and text.endswith("}\n")
-    assert objects(host_file(dirs)) == [
-        {
-            "kind": "DeviceMetadata",
-            "apiVersion": "metadata.resource.k8s.io/v1alpha1",
-            "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1, "creationTimestamp": None},
-            "requests": [
-                {
-                    "name": "gpu/large",
-                    "devices": [
-                        {"driver": DRIVER, "pool": "node-a", "name": "gpu-0", "attributes": GPU_ATTRS},
-                        {"driver": DRIVER, "pool": "node-a", "name": "gpu-1"},
-                    ],
-                }
-            ],
-        }
+    assert text.startswith(f'{{\n  "kind": "DeviceMetadata",\n  "apiVersion": "{BETA}",\n') and text.endswith("}\n")
+    assert f'}}\n{{\n  "kind": "DeviceMetadata",\n  "apiVersion": "{ALPHA}",\n' in text
+    body = {
+        "metadata": {"name": NAME, "namespace": NS, "uid": UID, "generation": 1},
+        "requests": [
+            {
+                "name": "gpu/large",
+                "devices": [
+                    {"driver": DRIVER, "pool": "node-a", "name": "gpu-0", "attributes": GPU_ATTRS},
+                    {"driver": DRIVER, "pool": "node-a", "name": "gpu-1"},
+                ],
+            }
+        ],
+    }
+    docs = objects(host_file(dirs))
+    assert docs == [
+        {"kind": "DeviceMetadata", "apiVersion": BETA, **body},
+        {"kind": "DeviceMetadata", "apiVersion": ALPHA, **body},
     ]
+    assert [list(doc) for doc in docs] == [["kind", "apiVersion", "metadata", "requests"]] * 2
+
+
+def test_a_file_of_the_previous_release_is_read_and_gains_the_newer_version_in_place(
+    writer: MetadataWriter, dirs: tuple[Path, Path]
+) -> None:
+    """0.1.0 wrote v1alpha1 alone: its files name their claim, are updated (the NIC address
+    refresh), and are rewritten on the next prepare with both versions, keeping their inode."""
+    writer.write(NS, NAME, UID, "gpus", [gpu()])
+    f = host_file(dirs)
+    old = objects(f)[1]
+    assert old["apiVersion"] == ALPHA
+    for rewrite in (
+        lambda: writer.write(NS, NAME, UID, "gpus", [gpu()]),
+        lambda: writer.update(NS, NAME, UID, "gpu", [gpu()]),
+    ):
+        f.write_text(json.dumps(old, indent=2) + "\n")  # what 0.1.0 left
+        inode = f.stat().st_ino
+        assert writer.claim_names(UID) == {(NS, NAME)}
+        rewrite()
+        beta, alpha = objects(f)
+        assert f.stat().st_ino == inode
+        assert (beta["apiVersion"], alpha["apiVersion"]) == (BETA, ALPHA)
+        assert beta["metadata"]["generation"] == alpha["metadata"]["generation"] == 2
+        assert beta["podClaimName"] == alpha["podClaimName"] == "gpus"
+        assert {**beta, "apiVersion": ALPHA} == alpha
+
+
+def test_a_rewrite_that_stopped_after_the_first_version_is_completed(
+    writer: MetadataWriter, dirs: tuple[Path, Path]
+) -> None:
+    """A crash in an in-place rewrite can leave the v1beta1 object alone: it decodes like the
+    whole file, but v1alpha1 consumers would find nothing, so the next prepare writes it again."""
+    writer.write(NS, NAME, UID, "", [gpu()])
+    f = host_file(dirs)
+    f.write_bytes(encode_stream(objects(f)[:1]))
+    writer.write(NS, NAME, UID, "", [gpu()])
+    assert [doc["apiVersion"] for doc in objects(f)] == [BETA, ALPHA]
 
 
 def test_devices_without_a_request_get_no_metadata(writer: MetadataWriter, dirs: tuple[Path, Path]) -> None:
@@ -169,7 +214,6 @@ def test_a_claim_recreated_under_the_same_name_gets_files_of_its_own(
         "namespace": NS,
         "uid": UID,
         "generation": 1,
-        "creationTimestamp": None,
     }
     writer.remove(old_uid)  # the old claim's late Unprepare
     assert objects(host_file(dirs))[0]["metadata"]["uid"] == UID
@@ -286,14 +330,11 @@ def test_claim_data_cannot_leave_the_base_directories(
 
 
 def test_consumer_decoding_takes_the_first_known_version() -> None:
-    known = {
-        "kind": "DeviceMetadata",
-        "apiVersion": "metadata.resource.k8s.io/v1alpha1",
-        "metadata": {},
-        "requests": [],
-    }
+    known = {"kind": "DeviceMetadata", "apiVersion": ALPHA, "metadata": {}, "requests": []}
+    beta = {**known, "apiVersion": BETA, "metadata": {"generation": 2}}
     newer = {"kind": "DeviceMetadata", "apiVersion": "metadata.resource.k8s.io/v1", "whatever": 1}
     assert decode_stream(encode_stream([newer, known])) == known
+    assert decode_stream(encode_stream([newer, beta, known])) == beta
     with pytest.raises(MetadataError, match="no compatible metadata version"):
         decode_stream(encode_stream([newer]))
     with pytest.raises(MetadataError, match="no metadata objects"):

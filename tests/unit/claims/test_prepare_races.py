@@ -18,6 +18,7 @@ from prepare_fakes import DRIVER, FakeAPI, Host, make_preparer, render_host
 from waiting import wait_for
 
 from driver.claims.checkpoint import Checkpoint
+from driver.claims.metadata_format import decode_stream
 from driver.claims.vocabulary import PrepareState
 
 
@@ -148,7 +149,7 @@ def test_unprepare_of_a_replaced_claim_leaves_the_new_claim_of_the_same_name_who
 
     assert a.unprepare([old]) == {old.uid: ""}
     assert [p for p in mounted if not p.is_file()] == [], "the old claim's Unprepare removed the new claim's metadata"
-    assert all(json.loads(p.read_text())["metadata"]["uid"] == new.uid for p in mounted)
+    assert all(decode_stream(p.read_bytes())["metadata"]["uid"] == new.uid for p in mounted)
     assert not list(cdi_root.glob(f"*{old.uid}*")), "the old claim's own specs are gone"
     assert not [p for p in data.rglob("metadata.json") if old.uid in p.read_text()]
 

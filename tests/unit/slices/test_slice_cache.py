@@ -33,7 +33,9 @@ class _Lists:
 
 
 def _cache(api: _Lists) -> LiveSlices:
-    return LiveSlices(api, "n", "d", threading.Condition(), lambda: None, threading.Event(), Backoff(), 300)
+    return LiveSlices(
+        api, "n", "d", threading.Condition(), lambda: None, threading.Event(), Backoff(), 300, lambda _exc: None
+    )
 
 
 def _names(cache: LiveSlices) -> list[str]:
