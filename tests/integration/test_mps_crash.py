@@ -8,72 +8,28 @@ dead (`sim.mps_control`), as the real program would."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import uuid
-from pathlib import Path
 
 import pytest
-from kubelet_calls import call_in_background, registered
+from kubelet_calls import call_in_background
+from mps_node import MpsNode
 from waiting import poll
 
 from demo.node import DRIVER
-from driver.claims.gpu.mps import CONTROL_PROGRAM, PID_FILE
+from driver.claims.gpu.mps import PID_FILE
 from sim import nvml as sim_nvml
-from sim.kubelet import ClaimRef, KubeletSim
-from sim.profile import h100_node
-from sim.scheduler import Request, allocate, claim_object, reserve
-
-MPS = {"driver": DRIVER, "parameters": {"apiVersion": "tandem.dev/v1alpha1", "kind": "GpuConfig", "sharing": "MPS"}}
 
 
-class Node:
+class Node(MpsNode):
+    """One GPU, whose control daemon the stand-in control program can be made to hang at a step of."""
+
     def __init__(self, apiserver, sim_node, start_daemon):
-        self.apiserver = apiserver
-        self.node = sim_node(h100_node("node-a", gpus=1, nics=0))
-        self.start_daemon = start_daemon
-        self.kubelet = KubeletSim(self.node.registry)
+        super().__init__(apiserver, sim_node, start_daemon, gpus=1, capacity={"memory": "20Gi", "computePercent": "25"})
         self.state = self.node.root / "nvml-state.json"
-        self.mps = self.node.plugins / DRIVER / "mps" / "gpu-0"
-
-    def start(self) -> None:
-        self.daemon = self.start_daemon(self.node, "--gpu-sharing", "all")
-        sock = self.kubelet.wait_for_registration_socket(DRIVER, timeout=60)
-        assert poll(lambda: registered(self.kubelet, sock), 60), self.daemon.log_text()
-
-    def kill(self) -> None:
-        self.daemon.proc.send_signal(signal.SIGKILL)
-        self.daemon.proc.wait(timeout=30)
+        self.gpu_mps = self.mps / "gpu-0"
 
     def hang(self, step: str) -> None:
         self.state.with_name(self.state.name + ".hung").unlink(missing_ok=True)
         self.state.with_name(self.state.name + ".mps-hang").write_text(step)
-
-    def claim(self, name: str) -> ClaimRef:
-        request = Request("gpu", "gpu.tandem.dev", lambda d: d["name"] == "gpu-0",
-                          capacity={"memory": "20Gi", "computePercent": "25"})  # fmt: skip
-        obj = claim_object("default", name, [request])
-        obj["spec"]["devices"]["config"] = [{"requests": ["gpu"], "opaque": MPS}]
-        claim = self.apiserver.create(obj)
-        allocate(self.apiserver, claim, DRIVER, "node-a", [request])
-        reserve(self.apiserver, claim, f"pod-{name}", str(uuid.uuid4()))
-        return ClaimRef("default", name, claim["metadata"]["uid"])
-
-    def daemons(self) -> list[int]:
-        """Every MPS control daemon process of this node's GPU 0 (by its pipe directory)."""
-        out = []
-        for proc in Path("/proc").iterdir():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-                environ = (proc / "environ").read_bytes().split(b"\0")
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            pipe = f"CUDA_MPS_PIPE_DIRECTORY={self.mps / 'pipe'}".encode()
-            daemon = CONTROL_PROGRAM.encode() in cmdline and {b"-d", b"-f"} & set(cmdline.split(b"\0"))
-            if daemon and pipe in environ and state != "Z":
-                out.append(int(proc.name))
-        return out
 
     def settled(self, count: int) -> bool:
         """`count` daemons, and when one, the one its PID file names (the one Tandem supervises)."""
@@ -81,9 +37,9 @@ class Node:
         if len(found) != count:
             return False
         if count == 0:
-            return not self.mps.exists()
+            return not self.gpu_mps.exists()
         try:
-            return int((self.mps / "pipe" / PID_FILE).read_text()) == found[0]
+            return int((self.gpu_mps / "pipe" / PID_FILE).read_text()) == found[0]
         except (OSError, ValueError):
             return False
 
@@ -96,9 +52,7 @@ class Node:
 def node(apiserver, sim_node, start_daemon):
     n = Node(apiserver, sim_node, start_daemon)
     yield n
-    n.kubelet.close()
-    for pid in n.daemons():  # never leave a daemon behind, whatever failed
-        os.kill(pid, signal.SIGKILL)
+    n.close()
 
 
 @pytest.mark.parametrize("step", ["before:mps-start", "after:mps-start"])

@@ -13,24 +13,13 @@ from pathlib import Path
 
 import pytest
 from flocks import locked_elsewhere
+from mps_fixtures import driver_root_fixture, needed_fixture  # noqa: F401  (fixtures: driver_root, needed)
 from waiting import wait_for
 
 from driver.claims.gpu.mps import CONTROL_PROGRAM, MpsDaemons, MpsError
-from sim.driver_files import BIN_DIR, render_driver_files
+from sim.driver_files import BIN_DIR
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
-
-
-@pytest.fixture
-def driver_root(tmp_path: Path) -> Path:
-    root = tmp_path / "driver"
-    render_driver_files(root)
-    return root
-
-
-@pytest.fixture
-def needed() -> dict[str, str | None]:
-    return {}
 
 
 @pytest.fixture

@@ -9,79 +9,20 @@ daemon process, no MPS directory."""
 from __future__ import annotations
 
 import os
-import signal
-import uuid
 from pathlib import Path
 
 import pytest
-from kubelet_calls import registered
+from mps_node import MpsNode
 from waiting import poll
 
-from demo.node import DRIVER
-from driver.claims.gpu.mps import CONTROL_PROGRAM, PID_FILE
-from sim.kubelet import ClaimRef, KubeletSim
-from sim.profile import h100_node
-from sim.scheduler import Request, allocate, claim_object, reserve
-
-MPS = {"driver": DRIVER, "parameters": {"apiVersion": "tandem.dev/v1alpha1", "kind": "GpuConfig", "sharing": "MPS"}}
-
-
-class Node:
-    def __init__(self, apiserver, sim_node, start_daemon):
-        self.apiserver = apiserver
-        self.node = sim_node(h100_node("node-a", gpus=2, nics=0))
-        self.start_daemon = start_daemon
-        self.kubelet = KubeletSim(self.node.registry)
-        self.mps = self.node.plugins / DRIVER / "mps"
-
-    def start(self) -> None:
-        self.daemon = self.start_daemon(self.node, "--gpu-sharing", "all")
-        sock = self.kubelet.wait_for_registration_socket(DRIVER, timeout=60)
-        assert poll(lambda: registered(self.kubelet, sock), 60), self.daemon.log_text()
-
-    def kill(self) -> None:
-        self.daemon.proc.send_signal(signal.SIGKILL)
-        self.daemon.proc.wait(timeout=30)
-
-    def claim(self, name: str, gpu: str) -> ClaimRef:
-        request = Request("gpu", "gpu.tandem.dev", lambda d: d["name"] == gpu,
-                          capacity={"memory": "10Gi", "computePercent": "10"})  # fmt: skip
-        obj = claim_object("default", name, [request])
-        obj["spec"]["devices"]["config"] = [{"requests": ["gpu"], "opaque": MPS}]
-        claim = self.apiserver.create(obj)
-        allocate(self.apiserver, claim, DRIVER, "node-a", [request])
-        reserve(self.apiserver, claim, f"pod-{name}", str(uuid.uuid4()))
-        return ClaimRef("default", name, claim["metadata"]["uid"])
-
-    def prepared(self, *refs: ClaimRef) -> bool:
-        results = self.kubelet.prepare(list(refs))
-        return all(results[r.uid].error == "" for r in refs)
-
-    def daemons(self, gpu: str) -> list[int]:
-        """The live control daemons of `gpu` (by the pipe directory in their environment)."""
-        pipe = f"CUDA_MPS_PIPE_DIRECTORY={self.mps / gpu / 'pipe'}".encode()
-        out = []
-        for proc in Path("/proc").iterdir():
-            try:
-                cmdline = (proc / "cmdline").read_bytes()
-                environ = (proc / "environ").read_bytes().split(b"\0")
-                state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            daemon = CONTROL_PROGRAM.encode() in cmdline and {b"-d", b"-f"} & set(cmdline.split(b"\0"))
-            if daemon and pipe in environ and state != "Z":
-                out.append(int(proc.name))
-        return out
+from driver.claims.gpu.mps import PID_FILE
 
 
 @pytest.fixture
 def node(apiserver, sim_node, start_daemon):
-    n = Node(apiserver, sim_node, start_daemon)
+    n = MpsNode(apiserver, sim_node, start_daemon, gpus=2, capacity={"memory": "10Gi", "computePercent": "10"})
     yield n
-    n.kubelet.close()
-    for gpu in ("gpu-0", "gpu-1"):
-        for pid in n.daemons(gpu):  # never leave a daemon behind, whatever failed
-            os.kill(pid, signal.SIGKILL)
+    n.close()
 
 
 def _attack(pipe: Path, attack: str, other_daemon: int) -> None:
@@ -98,7 +39,7 @@ def _attack(pipe: Path, attack: str, other_daemon: int) -> None:
 
 
 @pytest.mark.parametrize("attack", ["fifo", "dev-zero", "foreign-pid"])
-def test_a_tenant_planting_in_its_pipe_directory_hurts_no_one_else(node: Node, attack: str) -> None:
+def test_a_tenant_planting_in_its_pipe_directory_hurts_no_one_else(node: MpsNode, attack: str) -> None:
     node.start()
     mine, theirs = node.claim("mine", "gpu-0"), node.claim("theirs", "gpu-1")
     assert node.prepared(mine, theirs)

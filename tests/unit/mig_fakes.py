@@ -1,6 +1,8 @@
 """A simulated node with an H100 in MIG mode and the fake NVML initialised in this process, shared
 by the dynamic-MIG tests: as NVML sees it (`h100_in_mig_mode`), and with the claim flow around it,
-any number of driver instances preparing on one data dir (`MigNode`, `mig_node`)."""
+any number of driver instances preparing on one data dir (`MigNode`, `mig_node`, and the fixture
+`node`: a test module imports `mig_node_fixture  # noqa: F401`), and the names of GPU 0's MIG
+devices that the dynamic-MIG tests allocate (`ONE_G`, `THREE_G`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+import pytest
 from prepare_fakes import DRIVER, NODE, FakeAPI
 
 from driver.claims.allocation import PrepareSettings
@@ -29,6 +32,9 @@ from sim import nvml as sim_nvml
 from sim.driver_files import render_driver_files
 from sim.profile import MigProfileSpec, NodeProfile, h100_node
 from sim.sysfs import render_node
+
+ONE_G = "gpu-0-mig-1g-10gb-p3"  # 1g.10gb on memory slice 3: GPU instance 10
+THREE_G = "gpu-0-mig-3g-40gb-p4"  # 3g.40gb on memory slices 4-7: GPU instance 2
 
 
 @contextlib.contextmanager
@@ -150,3 +156,10 @@ def mig_node(root: Path) -> Iterator[MigNode]:
             root / "sys", proc_root=root / "proc", dynamic_mig=lambda minor, _: minor == 0
         ).discover()
         yield MigNode(root, state, pynvml, {d.name: d for d in devices}, FakeAPI())
+
+
+@pytest.fixture(name="node")
+def mig_node_fixture(tmp_path: Path) -> Iterator[MigNode]:
+    """`mig_node` under the test's tmp_path."""
+    with mig_node(tmp_path) as n:
+        yield n

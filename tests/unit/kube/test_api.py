@@ -8,7 +8,6 @@ import contextlib
 import email.utils
 import json
 import socket
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from loopback_http import LoopbackServer, read_request
 
 from driver.kube.api import LIST_LIMIT, OBJECT_LIMIT, ApiError, Conflict, KubeAPI, NotFound
 from driver.kube.connection import RETRY_AFTER_MAX
@@ -23,57 +23,27 @@ from driver.kube.connection import RETRY_AFTER_MAX
 Answer = Callable[[bytes], Iterable[bytes]]  # the request's head -> what the server sends, piece by piece
 
 
-def _read_head(conn: socket.socket) -> bytes:
-    """One request: its head, and its Content-Length body read past."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return b""
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = next(
-        (int(v) for n, _, v in (h.partition(b":") for h in head.split(b"\r\n")) if n.lower() == b"content-length"), 0
-    )
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
-
-
-class Server:
+class Server(LoopbackServer):
     """Loopback: one request per connection, answered by `answer` (or, `greet`, the answer sent
     at once without reading anything: what a TLS client meets at a server that is not TLS)."""
 
     def __init__(self, answer: Answer, greet: bool = False) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self._answer = answer
         self._greet = greet
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
-
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            try:
-                head = b"" if self._greet else _read_head(conn)
-                for piece in self._answer(head):
-                    conn.sendall(piece)
-                if self._greet:  # until the client gives up: closing first could reset its handshake
-                    conn.settimeout(10)
-                    while conn.recv(65536):
-                        pass
-            except OSError:  # the client stopped reading and closed: what a cap does
-                pass
-
-    def close(self) -> None:
-        self.sock.close()
+    def serve(self, conn: socket.socket, index: int) -> None:
+        try:
+            head = b"" if self._greet else read_request(conn)
+            for piece in self._answer(head):
+                conn.sendall(piece)
+            if self._greet:  # until the client gives up: closing first could reset its handshake
+                conn.settimeout(10)
+                while conn.recv(65536):
+                    pass
+        except OSError:  # the client stopped reading and closed: what a cap does
+            pass
 
 
 def _kubeconfig(path: Path, server: str) -> str:

@@ -14,69 +14,36 @@ from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 
 import pytest
+from loopback_http import LoopbackServer, read_request
 
 from driver.kube.connection import ConnectionPool, Response, Timeouts
 
 TIMEOUTS = Timeouts(connect=2.0, read=5.0)
 
 
-def _read_request(conn: socket.socket) -> bytes:
-    """One request (headers and Content-Length body); b"" at EOF."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return b""
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
-
-
 def _answer(body: bytes = b"{}", extra: str = "") -> bytes:
     return f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode() + body
 
 
-class Scripted:
+class Scripted(LoopbackServer):
     """A server whose every accepted connection runs `script(conn, index)`; it records each
     request line it reads through `requests`."""
 
     def __init__(self, script: Callable[[socket.socket, int, Scripted], None]) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
+        super().__init__()
         self.url = f"http://127.0.0.1:{self.port}"
         self.requests: list[bytes] = []
-        self.connections = 0
         self._script = script
-        threading.Thread(target=self._serve, daemon=True).start()
+        self.start()
 
     def request(self, conn: socket.socket) -> bytes:
-        head = _read_request(conn)
+        head = read_request(conn)
         if head:
             self.requests.append(head.split(b"\r\n")[0])
         return head
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            self.connections += 1
-            threading.Thread(target=self._run, args=(conn, self.connections - 1), daemon=True).start()
-
-    def _run(self, conn: socket.socket, index: int) -> None:
-        with conn:
-            self._script(conn, index, self)
-
-    def close(self) -> None:
-        self.sock.close()
+    def serve(self, conn: socket.socket, index: int) -> None:
+        self._script(conn, index, self)
 
 
 @pytest.fixture

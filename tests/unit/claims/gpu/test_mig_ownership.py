@@ -7,13 +7,11 @@ a GPU instance the other one adopted and handed out."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from ctypes import byref
-from pathlib import Path
 
 import pytest
 from flocks import locked_elsewhere
-from mig_fakes import MigNode, mig_node
+from mig_fakes import ONE_G, THREE_G, MigNode, mig_node_fixture  # noqa: F401  (fixture: node)
 from prepare_fakes import NODE
 
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
@@ -21,15 +19,7 @@ from driver.claims.gpu.mig_owners import Made
 from driver.claims.vocabulary import PrepareState
 from driver.model import MigPlacement
 
-ONE_G = "gpu-0-mig-1g-10gb-p3"  # 1g.10gb on memory slice 3: GPU instance 10
-ONE_G_STATIC = "gpu-0-mig-1g-10gb-10-0"  # the same MIG device by the name a MIG device of no claim has
-THREE_G = "gpu-0-mig-3g-40gb-p4"  # 3g.40gb on memory slices 4-7: GPU instance 2
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[MigNode]:
-    with mig_node(tmp_path) as n:
-        yield n
+ONE_G_STATIC = "gpu-0-mig-1g-10gb-10-0"  # ONE_G by the name a MIG device of no claim has
 
 
 def _placement(node: MigNode, name: str) -> MigPlacement:

@@ -5,13 +5,11 @@ call or at start; only what Tandem recorded is ever destroyed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from ctypes import byref
 from pathlib import Path
 
-import pytest
+from mig_fakes import ONE_G, THREE_G, mig_node_fixture  # noqa: F401  (fixture: node)
 from mig_fakes import MigNode as Node
-from mig_fakes import mig_node
 from prepare_fakes import NODE
 
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
@@ -20,15 +18,6 @@ from driver.daemon import Daemon
 from driver.kubelet.server import KubeletServer
 from driver.model import MigPlacement
 from sim.sysfs import mig_ci_cap_minor, mig_gi_cap_minor
-
-ONE_G = "gpu-0-mig-1g-10gb-p3"  # 1g.10gb on memory slice 3: GPU instance 10
-THREE_G = "gpu-0-mig-3g-40gb-p4"  # 3g.40gb on memory slices 4-7: GPU instance 2
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    with mig_node(tmp_path) as n:
-        yield n
 
 
 def _spec(node: Node, uid: str) -> dict:

@@ -19,24 +19,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from mps_fixtures import driver_root_fixture, needed_fixture  # noqa: F401  (fixtures: driver_root, needed)
 
 from driver.claims.gpu.mps import _GATE, CONTROL_PROGRAM, PID_FILE, RECORD, MpsDaemons, MpsError
 from driver.node.processes import identify, wait_gone
-from sim.driver_files import BIN_DIR, render_driver_files
+from sim.driver_files import BIN_DIR
 
 UUIDS = {"gpu-0": "GPU-00000000-0000-0000-0000-000000000000", "gpu-1": "GPU-11111111-1111-1111-1111-111111111111"}
-
-
-@pytest.fixture
-def driver_root(tmp_path: Path) -> Path:
-    root = tmp_path / "driver"
-    render_driver_files(root)
-    return root
-
-
-@pytest.fixture
-def needed() -> dict[str, str | None]:
-    return {}
 
 
 @pytest.fixture
