@@ -64,14 +64,14 @@ class _Parser(argparse.ArgumentParser):
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
         ns, rest = super().parse_known_args(args, namespace)
-        for f in self.env_flags:
-            if getattr(ns, f.dest, None) is not None:
-                continue
+        for f in (f for f in self.env_flags if getattr(ns, f.dest, None) is None):
             raw = os.environ.get(f.env, "") or f.default
             try:
                 setattr(ns, f.dest, f.convert(raw))
             except (ValueError, argparse.ArgumentTypeError) as e:
                 self.error(f"argument {f.flag} (from {f.env}={raw!r}): {e}")
+            if os.environ.get(f.env):  # for Config's checks: ConfigError.naming
+                vars(ns).setdefault("env_sources", {})[f.flag] = f"{f.env}={raw!r}"
         return ns, rest
 
 
@@ -407,7 +407,7 @@ def driver_main(argv: Sequence[str] | None = None) -> int:
     try:
         config = config_from_args(ns)
     except ConfigError as e:
-        parser.error(str(e))
+        parser.error(e.naming(getattr(ns, "env_sources", {})))
     from driver.daemon import run_daemon
 
     return run_daemon(config)

@@ -13,7 +13,7 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,14 @@ MAX_NIC_SHARES = 1000
 
 class ConfigError(InvalidInput):
     """A configuration value is invalid; the message names the flag and says what is wrong."""
+
+    def naming(self, sources: Mapping[str, str]) -> str:
+        """The message, and the environment variable that set its flag when one did (`sources`:
+        flag names joined by '/' -> `NIC_SHARES='2000'`), so the SRE knows which of the
+        DaemonSet's settings to fix: `--nic-shares 2000 must be 1 to 1000 (from NIC_SHARES='2000')`."""
+        flag = str(self).partition(" ")[0].rstrip(":")
+        source = next((s for names, s in sources.items() if flag in names.split("/")), None)
+        return f"{self} (from {source})" if source else str(self)
 
 
 def is_uid(value: str) -> bool:

@@ -1,9 +1,11 @@
 """`tandemctl`: the node-level CLI for SREs, a thin client of the daemon's status socket.
 
 It never rediscovers devices or reads the daemon's files on its own, so what it shows is what
-the daemon acts on. Exit codes make it usable as a probe (node-problem-detector, scripts):
-0 ok/healthy, 1 degraded, unhealthy or a refused request, 2 daemon unreachable. Expected failures
-are one line on stderr, never a traceback. The readiness probe asks through `unready_reason`.
+the daemon acts on. Exit codes make it usable as a probe (node-problem-detector, scripts), and
+tell the three answers apart: 0 ok/healthy, 1 degraded, unhealthy or a refused request, 2 a usage
+error (argparse's own), 3 daemon unreachable. Expected failures are one line on stderr, never a
+traceback. Output is a table, `-o wide`, or `-o json` (`--json`: the endpoint's document;
+`driver.ctl_format`). The readiness probe asks through `unready_reason`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+from driver.ctl_format import OUTPUTS, RENDER, text
 from driver.errors import EndpointError
 from driver.health.gpu_release import RELEASE_TIMEOUT
 from driver.status_socket import status_socket_path
@@ -25,7 +29,8 @@ from driver.version import add_version_flag
 
 EXIT_OK = 0
 EXIT_DEGRADED = 1  # also: unhealthy, or the daemon refused the request
-EXIT_UNREACHABLE = 2
+EXIT_USAGE = 2  # what argparse exits with
+EXIT_UNREACHABLE = 3
 
 
 class Unreachable(EndpointError):
@@ -86,65 +91,11 @@ def unready_reason(sock: Path, timeout: float) -> str | None:
     return "; ".join(str(r) for r in doc.get("reasons", [])) or "the daemon says it is not ready"
 
 
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
-
-
-def _text(value: Any) -> str:
-    if value is None or value == "" or value == []:
-        return "-"
-    if isinstance(value, list):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def _taint(t: dict[str, Any]) -> str:
-    value = f"={t['value']}" if t.get("value") else ""
-    return f"{t.get('key', '?')}{value}:{t.get('effect', '?')}"
-
-
-def render_devices(doc: dict[str, Any]) -> str:
-    rows = [["DEVICE", "KIND", "MODEL/IFACE", "NUMA", "PCIE-ROOT", "HEALTH", "TAINTS", "CLAIM"]]
-    for d in doc.get("devices", []):
-        rows.append([
-            _text(d.get("name")), _text(d.get("kind")), _text(d.get("model")), _text(d.get("numaNode")),
-            _text(d.get("pcieRoot")), _text(d.get("health")), _text([_taint(t) for t in d.get("taints", [])]),
-            _text(d.get("claims")),
-        ])  # fmt: skip
-    return _table(rows)
-
-
-def render_claims(doc: dict[str, Any]) -> str:
-    rows = [["CLAIM", "UID", "STATE", "DEVICES"]]
-    for c in doc.get("claims", []):
-        devices = [d.get("device", "?") for d in c.get("devices", [])]
-        rows.append(
-            [f"{c.get('namespace')}/{c.get('name')}", _text(c.get("uid")), _text(c.get("state")), _text(devices)]
-        )
-    return _table(rows)
-
-
-def render_health(doc: dict[str, Any]) -> str:
-    lines = [str(doc.get("status", "unknown"))]
-    lines += [f"  - {r}" for r in doc.get("reasons", [])]
-    counts = doc.get("devices", {})
-    by_health = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
-    lines.append(f"devices: {counts.get('total', 0)} ({by_health})")
-    if doc.get("unhealthy"):
-        lines.append("not healthy:")
-        lines += [f"  {u.get('device')}: {u.get('reason') or '-'}" for u in doc["unhealthy"]]
-    if doc.get("cordoned"):
-        lines.append("cordoned:")
-        for c in doc["cordoned"]:
-            absent = "" if c.get("present", True) else " (device absent)"
-            by = f" by {c['by']}" if c.get("by") else ""
-            lines.append(f"  {c.get('device')}{absent}{by} since {c.get('since')}: {c.get('reason')}")
-    daemon = {k: v for k, v in doc.get("daemon", {}).items() if k not in ("problems", "unready")}
-    if daemon:
-        lines.append("daemon:")
-        lines += [f"  {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in daemon.items()]
-    return "\n".join(lines)
+def _who() -> str:
+    """Who runs tandemctl, as the environment says: under sudo the user behind it; under
+    `kubectl exec` nobody (the daemon adds the kernel's uid and pid to whatever is said)."""
+    env = os.environ.get
+    return env("SUDO_USER") or env("LOGNAME") or env("USER") or ""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -152,8 +103,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tandemctl",
         description="Inspect, cordon and release the Tandem DRA driver's devices on this node (asks the running daemon)",
-        epilog="exit codes: 0 ok/healthy, 1 degraded, unhealthy or request refused, 2 daemon unreachable; "
-        "usage errors exit 2 as well",
+        epilog="exit codes: 0 ok/healthy, 1 degraded, unhealthy or request refused, 2 usage error, "
+        "3 daemon unreachable",
     )
     add_version_flag(p)
     p.add_argument("--driver-name", default=env("DRIVER_NAME", "tandem.dev"), help="(DRIVER_NAME)")
@@ -165,16 +116,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--socket", type=Path, help="status socket path (default <plugins dir>/<driver name>/status.sock)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the daemon")
     sub = p.add_subparsers(dest="command", required=True)
-    for name, text in (
-        ("devices", "the node's devices: topology, health, taints, claims"),
-        ("health", "health summary (exit 0 healthy, 1 degraded or unhealthy, 2 unreachable)"),
-        ("claims", "claims prepared on this node and their devices"),
-    ):
-        sub.add_parser(name, help=text).add_argument("--json", action="store_true", help="machine-readable output")
+    reads = {
+        "devices": sub.add_parser("devices", help="the node's devices: topology, health, taints, claims and pods"),
+        "health": sub.add_parser("health", help="health summary (exit 0 healthy, 1 degraded or unhealthy)"),
+        "claims": sub.add_parser("claims", help="claims prepared on this node, their devices and pods"),
+        "claim": sub.add_parser("claim", help="one claim: record, pods, devices, files, status, last error"),
+    }
+    reads["claim"].add_argument("claim", help="its UID, or NAMESPACE/NAME")
+    for read in reads.values():
+        out = read.add_mutually_exclusive_group()
+        out.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="table (text), wider, or JSON")
+        out.add_argument("--json", dest="output", action="store_const", const="json", help="the same as -o json")
     cordon = sub.add_parser("cordon", help="take one device out of scheduling (survives restarts)")
     cordon.add_argument("device")
     cordon.add_argument("--reason", required=True, help="why, for whoever looks next (at most 256 characters)")
-    cordon.add_argument("--by", default=env("SUDO_USER") or env("USER") or "", help="who (default $SUDO_USER or $USER)")
+    cordon.add_argument("--by", default=_who(), help="who (default $SUDO_USER, $LOGNAME or $USER; uid and pid added)")
     uncordon = sub.add_parser("uncordon", help="return a cordoned device to scheduling")
     uncordon.add_argument("device")
     release = sub.add_parser(
@@ -187,17 +143,20 @@ def _parser() -> argparse.ArgumentParser:
         q.add_argument("device", nargs="?", default="", help="a GPU's device, or one of its MIG devices")
         q.add_argument("--all", action="store_true", help="all of NVML instead of one GPU")
     release.add_argument("--reason", required=True, help="why, for whoever looks next (at most 256 characters)")
-    release.add_argument(
-        "--by", default=env("SUDO_USER") or env("USER") or "", help="who (default $SUDO_USER or $USER)"
+    release.add_argument("--by", default=_who(), help="who (default $SUDO_USER, $LOGNAME or $USER; uid and pid added)")
+    clear = sub.add_parser(
+        "clear", help="say a GPU was reset or is healthy: clears its reset XIDs that no recovery action will clear"
     )
+    clear.add_argument("device", help="a GPU's device, or one of its MIG devices")
+    clear.add_argument("--reason", required=True, help="why, kept with who and when (at most 256 characters)")
+    clear.add_argument("--by", default=_who(), help="who (default $SUDO_USER, $LOGNAME or $USER; uid and pid added)")
     return p
 
 
-_RENDER = {"devices": render_devices, "claims": render_claims, "health": render_health}
-
-
 def _run(ns: argparse.Namespace, sock: Path) -> int:
-    if ns.command in _RENDER:
+    if ns.command == "claim":
+        status, doc = request(sock, "GET", f"/claims/{quote(ns.claim, safe='/')}", None, ns.timeout)
+    elif ns.command in RENDER:
         status, doc = request(sock, "GET", f"/{ns.command}", None, ns.timeout)
     elif ns.command == "cordon":
         body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
@@ -207,6 +166,9 @@ def _run(ns: argparse.Namespace, sock: Path) -> int:
         status, doc = request(sock, "POST", "/release", body, max(ns.timeout, RELEASE_TIMEOUT + 10))
     elif ns.command == "reacquire":
         status, doc = request(sock, "POST", "/reacquire", {"device": ns.device, "all": ns.all}, ns.timeout)
+    elif ns.command == "clear":
+        body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
+        status, doc = request(sock, "POST", "/clear", body, ns.timeout)
     else:
         status, doc = request(sock, "POST", "/uncordon", {"device": ns.device}, ns.timeout)
     if not isinstance(doc, dict):
@@ -214,15 +176,15 @@ def _run(ns: argparse.Namespace, sock: Path) -> int:
     if status != 200:
         print(f"tandemctl: {doc.get('error', f'request failed with HTTP {status}')}", file=sys.stderr)
         return EXIT_DEGRADED
-    if ns.command in _RENDER:
-        print(json.dumps(doc, indent=2) if ns.json else _RENDER[ns.command](doc))
+    if ns.command in RENDER:
+        print(json.dumps(doc, indent=2) if ns.output == "json" else RENDER[ns.command](doc, ns.output == "wide"))
         if ns.command == "health" and doc.get("status") != "healthy":
             return EXIT_DEGRADED
     elif ns.command == "cordon":
         print(f"{ns.device} cordoned: {doc.get('cordon', {}).get('reason', '')}")
     elif ns.command == "release":
         what = ns.device or "NVML"
-        print(f"{what} released: the daemon holds no NVML handle at all; tainted: {_text(doc.get('devices'))}")
+        print(f"{what} released: the daemon holds no NVML handle at all; tainted: {text(doc.get('devices'))}")
         print(f"reset or upgrade now, then: tandemctl reacquire {ns.device or '--all'}")
     elif ns.command == "reacquire":
         what = ns.device or "everything"
@@ -232,6 +194,8 @@ def _run(ns: argparse.Namespace, sock: Path) -> int:
             print(f"still released: {', '.join(still)} (NVML stays let go until each is reacquired)")
         elif doc.get("reacquired"):
             print("monitoring and discovery resume")
+    elif ns.command == "clear":
+        print(f"{ns.device} cleared: what waited for a GPU reset lifts from {text(doc.get('devices'))}")
     else:
         print(f"{ns.device} uncordoned" if doc.get("changed") else f"{ns.device} was not cordoned")
     return EXIT_OK

@@ -40,18 +40,19 @@ from driver.fsutil import boot_id
 from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_release import GpuReleases
-from driver.health.monitors import build_monitors, health_counters
+from driver.health.monitors import build_monitors, health_counters, xid_counts
 from driver.inventory import Inventory
 from driver.kube.api import KubeAPI
 from driver.kubelet.health import HealthBroadcaster
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
 from driver.kubelet.server import KubeletServer
-from driver.metrics import Metrics, MetricsServer
+from driver.metrics import Metrics, MetricsServer, ScrapeSources
 from driver.model import Device, DeviceKind, MigPlacement
 from driver.node.driver_root import find_driver_files
 from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
 from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
+from driver.status_docs import ClaimFacts
 from driver.status_socket import StatusServer, status_socket_path
 from driver.version import describe
 
@@ -92,8 +93,10 @@ class Daemon:
         owners = MigOwners(self.data_dir, boot_id())
         self.partitions = MigPartitions(config.nvidia_driver_root, config.proc_root, owners,
                                         self.instance.instance_id, on_change=self._rediscover_gpus)  # fmt: skip
-        # Kubernetes Events: a failed prepare on its claim, device health and cordons on the Node.
-        self.events = EventRecorder(self.api, config.driver_name, config.node_name, self.inventory.devices)
+        # Kubernetes Events: failed prepares and device health on claims, health and cordons on the Node.
+        self.events = EventRecorder(
+            self.api, config.driver_name, config.node_name, self.inventory.devices, claims=self.checkpoint.read
+        )
         self.inventory.subscribe(self.events.inventory_changed)
         # Exclusive NICs come back from pods under their pod-side name: give them back their own.
         homes = NicHomes(self.data_dir, config.netns or None, warn=self.events.nic_not_home)
@@ -154,11 +157,10 @@ class Daemon:
         self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
         self.monitors = build_monitors(config, self.inventory)
-        self.metrics = Metrics(
-            self.inventory,
-            publisher_stats=lambda: self.publisher.stats,
-            health_counters=lambda: health_counters(self.monitors),
-        )
+        self.metrics = Metrics(self.inventory, ScrapeSources(
+            lambda: self.publisher.stats, lambda: health_counters(self.monitors), lambda: xid_counts(self.monitors),
+            prepared=lambda: len(self.checkpoint.read()), events_dropped=lambda: self.events.dropped,
+        ))  # fmt: skip
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
         # `tandemctl release`: GPU resets and driver upgrades need Tandem to let go of NVML; a
         # reacquire rediscovers the GPUs at once (an upgrade changes their attributes).
@@ -168,7 +170,7 @@ class Daemon:
         self.status = StatusServer(
             status_socket_path(self.data_dir),
             self.inventory,
-            prepared=self.checkpoint.read,
+            claims=ClaimFacts(self.checkpoint.read, files, self.events.last_failure, self.events.failures),
             cordons=self.cordons,
             releases=self.releases,
             info=self._status_info,
@@ -271,13 +273,8 @@ class Daemon:
 
     def _allocated_nics(self) -> set[str]:
         """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""
-        prepared = {d.device for c in self.checkpoint.read().values() for d in c.devices}
-        out = set()
-        for name in prepared:
-            dev = self.inventory.get(name)
-            if dev is not None and dev.nic is not None:
-                out.add(dev.nic.pci_address)
-        return out
+        prepared = (self.inventory.get(d.device) for c in self.checkpoint.read().values() for d in c.devices)
+        return {dev.nic.pci_address for dev in prepared if dev is not None and dev.nic is not None}
 
     def _status_info(self) -> dict[str, Any]:
         """What `tandemctl health` shows about the daemon; `problems` mean degraded, `unready` unhealthy."""
@@ -343,7 +340,7 @@ class Daemon:
             log.warning("time slices: %s (retried at the next prepare or unprepare)", e)
         self.mps.start()
         self.network_refresh.start()
-        self.kubelet_server.start(self.preparer, self.health, self.metrics.observe)
+        self.kubelet_server.start(self.preparer, self.health, self.metrics)
         # What start-up made (modules, discovery, the servers) lives as long as the daemon: moved
         # out of the collector's sight, a full collection scans only what came later (well under
         # a millisecond) instead of every start-up object (25-40 ms, a stalled prepare).

@@ -50,6 +50,8 @@ and kinds, so it cannot go stale:
     │       └── kube.api.NotFound
     └── EndpointError                               kind "endpoint": Tandem's own sockets, either end
         ├── status_socket.RequestError              a refused status-socket request (its HTTP status)
+        ├── status_docs.UnknownClaim                `tandemctl claim`: a claim the daemon knows nothing of
+        ├── status_docs.BadClaimKey                 `tandemctl claim`: neither a UID nor NAMESPACE/NAME
         ├── kubelet.health.TooManyStreams           more health streams than the limit
         ├── kubelet.liveness.NotAlive               `tandem-driver liveness`: a step failed
         └── ctl.Unreachable                         `tandemctl`: no usable answer from the daemon
@@ -120,6 +122,16 @@ class EndpointError(TandemError):
     request refused there, or no usable answer from it."""
 
     kind: ClassVar[Kind] = "endpoint"
+
+
+def error_kind(e: BaseException) -> Kind:
+    """Whose problem `e` was, for counting errors: the kind of its `__cause__` where that is one of
+    Tandem's (prepare wraps a MIG or NVML failure in a `ClaimError`, which alone would count a
+    broken GPU as the tenant's typo), else its own; "other" for what is not Tandem's (a bug)."""
+    for candidate in (e.__cause__, e):
+        if isinstance(candidate, TandemError):
+            return candidate.kind
+    return "other"
 
 
 def translating(call: Callable[P, R], library_error: type[E], translate: Callable[[E], TandemError]) -> Callable[P, R]:

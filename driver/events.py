@@ -7,9 +7,17 @@ What is reported (docs/deployment.md, 'Events'):
   ContainerCreating (the kubelet puts its own event on the pod);
 * on the **Node**, `Warning DeviceUnhealthy` when a device turns unhealthy (with the reason),
   `Normal DeviceHealthy` when it is healthy again, `Normal DeviceCordoned` / `DeviceUncordoned`
-  when an SRE cordons or uncordons it. The state at start-up is the baseline, not an event: the
-  device's taint already says it. Also `Warning NicNotReturned` when an exclusive NIC back from its
-  pod cannot be given back its host name and addresses (once per NIC and reason).
+  when an SRE cordons or uncordons it, `Warning DeviceRemoved` when a device leaves the published
+  set (hot-removed, a driver reload, a MIG reconfiguration). The state at start-up is the
+  baseline, not an event: the device's taint already says it. Also `Warning NicNotReturned` when
+  an exclusive NIC back from its pod cannot be given back its host name and addresses (once per
+  NIC and reason);
+* on each prepared **ResourceClaim** holding that device, the same `DeviceUnhealthy` /
+  `DeviceHealthy`, in the claim's namespace: the pod's owner can read it there (`kubectl describe
+  resourceclaim`), and not those in `default`. Which claims hold a device is the checkpoint's word.
+
+The last failed prepare of each claim (at most `BUCKETS` claims, the oldest forgotten) is also
+kept for `tandemctl claim` (`last_failure`): an event may be dropped, or read by nobody.
 
 As client-go's event recorder (k8s.io/client-go/tools/events) does: an event that repeats (same
 object, reason, action and note) while the last one is less than `SERIES_WINDOW` old becomes a
@@ -27,10 +35,10 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
 from driver.kube.api import KubeAPI
 from driver.model import Device, Health
@@ -62,6 +70,33 @@ class Regarding:
         if self.namespace:
             out["namespace"] = self.namespace
         return out
+
+
+class HeldDevice(Protocol):
+    @property
+    def device(self) -> str: ...
+
+
+class Holder(Protocol):
+    """A prepared claim as the events need it (`driver.claims.checkpoint.ClaimRecord` is one)."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def devices(self) -> Sequence[HeldDevice]: ...
+
+
+@dataclass(frozen=True)
+class ClaimFailure:
+    """A claim's last failed prepare, as `tandemctl claim` shows it."""
+
+    namespace: str
+    name: str
+    uid: str
+    at: float
+    error: str
 
 
 @dataclass(frozen=True)
@@ -111,12 +146,16 @@ class EventRecorder:
         node_name: str,
         devices: Callable[[], list[Device]],
         clock: Callable[[], float] = time.time,
+        claims: Callable[[], Mapping[str, Holder]] = dict,
     ) -> None:
+        """`claims()`: the prepared claims by UID, whose devices' health changes are told on them too."""
         self._api = api
         self._controller = driver_name
         self._node = node_name
         self._devices = devices
+        self._claims = claims
         self._clock = clock
+        self._failures: collections.OrderedDict[str, ClaimFailure] = collections.OrderedDict()
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[Occurrence, float]] = collections.deque()
         self._inventory_changed = False
@@ -136,7 +175,21 @@ class EventRecorder:
 
     def claim_failed(self, namespace: str, name: str, uid: str, error: str) -> None:
         regarding = Regarding("resource.k8s.io/v1", "ResourceClaim", name, uid, namespace)
+        with self._cond:
+            self._failures.pop(uid, None)  # the newest last, so the oldest is forgotten first
+            self._failures[uid] = ClaimFailure(namespace, name, uid, self._clock(), error)
+            if len(self._failures) > BUCKETS:
+                self._failures.popitem(last=False)
         self._put(Occurrence(regarding, "Warning", "PrepareFailed", "PrepareResources", error))
+
+    def last_failure(self, uid: str) -> ClaimFailure | None:
+        with self._cond:
+            return self._failures.get(uid)
+
+    def failures(self) -> list[ClaimFailure]:
+        """The remembered failures, oldest first (`tandemctl claim NAMESPACE/NAME` searches them)."""
+        with self._cond:
+            return list(self._failures.values())
 
     def nic_not_home(self, note: str) -> None:
         """An exclusive NIC back from its pod that cannot be given back its host identity
@@ -194,21 +247,46 @@ class EventRecorder:
         return {d.name: (d.health, any(t.key == cordoned for t in d.taints)) for d in self._devices()}
 
     def _device_events(self) -> list[Occurrence]:
-        """Health and cordon changes since the last look, as Node events."""
+        """Health and cordon changes since the last look, as Node events (health changes also on
+        the claims holding the device), and devices no longer published."""
         now = self._snapshot()
         before, self._health = self._health or {}, now
         devices = {d.name: d for d in self._devices()}
-        out = []
+        out = [
+            self._node_event("Warning", "DeviceRemoved", "Discovery", f"{name} is no longer published")
+            for name in sorted(before.keys() - now.keys())
+        ]
+        holders: dict[str, list[Regarding]] | None = None  # read once, and only for a health change
         for name, (health, cordoned) in sorted(now.items()):
             was_health, was_cordoned = before.get(name, (Health.HEALTHY, False))
             message = devices[name].health_message if name in devices else ""
+            change = None
             if health == Health.UNHEALTHY and was_health != Health.UNHEALTHY:
-                out.append(self._node_event("Warning", "DeviceUnhealthy", "HealthCheck", f"{name}: {message}"))
+                change = ("Warning", "DeviceUnhealthy", "HealthCheck", f"{name}: {message}")
             elif health == Health.HEALTHY and was_health == Health.UNHEALTHY:
-                out.append(self._node_event("Normal", "DeviceHealthy", "HealthCheck", f"{name} is healthy again"))
+                change = ("Normal", "DeviceHealthy", "HealthCheck", f"{name} is healthy again")
+            if change is not None:
+                holders = self._holders() if holders is None else holders
+                out.append(self._node_event(*change))
+                out += [Occurrence(claim, *change) for claim in holders.get(name, [])]
             if cordoned != was_cordoned:
                 reason, what = ("DeviceCordoned", "cordoned") if cordoned else ("DeviceUncordoned", "uncordoned")
                 out.append(self._node_event("Normal", reason, "Cordon", f"{name} {what} (tandemctl)"))
+        return out
+
+    def _holders(self) -> dict[str, list[Regarding]]:
+        """The prepared claims holding each device; none when they cannot be read (logged): an
+        event is never worth failing the Node's."""
+        out: dict[str, list[Regarding]] = {}
+        try:
+            claims = self._claims()
+        except Exception as e:
+            log.info("claims holding devices unknown, their events not sent: %s", e)
+            return out
+        for uid, c in sorted(claims.items()):
+            claim = Regarding("resource.k8s.io/v1", "ResourceClaim", c.name, uid, c.namespace)
+            for device in {d.device for d in c.devices}:
+                out.setdefault(device, []).append(claim)
         return out
 
     def _node_event(self, type_: str, reason: str, action: str, note: str) -> Occurrence:

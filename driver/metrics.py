@@ -6,6 +6,12 @@ sources' counters) is read at scrape time by a custom collector instead of being
 metric objects, so there is no second copy of device state that could drift (docs/architecture.md:
 the inventory is the one place that knows the devices). Each Metrics has its own registry so that
 tests, and two daemons in one process, never share series.
+
+Cardinality is bounded by the node, never by its tenants: one health series per device (its
+current state only), a taint series per published taint (at most 16 a device, by the API), XIDs by
+the caller's bounded codes, errors by kind; no label holds a claim UID, and no counter has a
+`_created` twin. docs/deployment.md states the count for an 8-GPU + 8-NIC node with dynamic MIG,
+and tests/unit/test_metrics.py keeps it.
 """
 
 from __future__ import annotations
@@ -13,24 +19,29 @@ from __future__ import annotations
 import logging
 import re
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import NamedTuple, Protocol, get_args
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     ProcessCollector,
+    disable_created_metrics,
     generate_latest,
     start_http_server,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from driver.errors import Kind
 from driver.inventory import Inventory
-from driver.model import DeviceKind, Health
+from driver.model import DeviceKind
+from driver.version import build
 
 log = logging.getLogger(__name__)
 
@@ -67,21 +78,16 @@ class _ScrapeCollector(Collector):
     hide device health from the SRE looking at it.
     """
 
-    def __init__(
-        self,
-        inventory: Inventory,
-        publisher_stats: Callable[[], SliceStats] | None,
-        health_counters: Callable[[], Mapping[str, int]] | None,
-    ) -> None:
+    def __init__(self, inventory: Inventory, sources: ScrapeSources) -> None:
         self._inventory = inventory
-        self._publisher_stats = publisher_stats
-        self._health_counters = health_counters
+        self._sources = sources
 
     def collect(self) -> Iterator[Metric]:
         for name, part in (
             ("inventory", self._inventory_families),
             ("slice publisher", self._slice_families),
             ("health counters", self._health_families),
+            ("claims and events", self._other_families),
         ):
             try:
                 families = list(part())
@@ -94,7 +100,7 @@ class _ScrapeCollector(Collector):
         devices = self._inventory.devices()
         health = GaugeMetricFamily(
             "tandem_device_health",
-            "1 for the device's current health state (Healthy, Unhealthy, Unknown), 0 for the others.",
+            "1, labelled with the device's current health state (Healthy, Unhealthy, Unknown): one series a device.",
             labels=["device", "kind", "state"],
         )
         taints = GaugeMetricFamily(
@@ -105,8 +111,7 @@ class _ScrapeCollector(Collector):
         counts = dict.fromkeys(DeviceKind, 0)
         for d in devices:
             counts[d.kind] += 1
-            for state in Health:
-                health.add_metric([d.name, d.kind.value, state.value], 1.0 if d.health == state else 0.0)
+            health.add_metric([d.name, d.kind.value, d.health.value], 1.0)
             for t in d.taints:
                 taints.add_metric([d.name, t.key, t.value, t.effect.value], 1.0)
         total = GaugeMetricFamily("tandem_devices", "Devices in the inventory, by kind.", labels=["kind"])
@@ -115,9 +120,9 @@ class _ScrapeCollector(Collector):
         yield from (total, health, taints)
 
     def _slice_families(self) -> Iterator[Metric]:
-        if self._publisher_stats is None:
+        if self._sources.publisher_stats is None:
             return
-        stats = self._publisher_stats()
+        stats = self._sources.publisher_stats()
         writes = CounterMetricFamily(
             "tandem_slice_writes", "ResourceSlice writes to the API server, by operation.", labels=["op"]
         )
@@ -143,16 +148,36 @@ class _ScrapeCollector(Collector):
         )
 
     def _health_families(self) -> Iterator[Metric]:
-        if self._health_counters is None:
+        if self._sources.xids is not None:
+            xids = CounterMetricFamily(
+                "tandem_gpu_xids", "XID events seen by the GPU health monitor, by XID (known ones; others as 'other').",
+                labels=["xid"],
+            )  # fmt: skip
+            for code, n in sorted(self._sources.xids().items()):
+                xids.add_metric([code], float(n))
+            yield xids
+        if self._sources.health_counters is None:
             return
         events = CounterMetricFamily(
             "tandem_health_events",
             "Events seen by the health sources (NVML, netlink, ...), by source and event.",
             labels=["source_event"],
         )
-        for name, value in sorted(self._health_counters().items()):
+        for name, value in sorted(self._sources.health_counters().items()):
             events.add_metric([name], float(value))
         yield events
+
+    def _other_families(self) -> Iterator[Metric]:
+        if self._sources.prepared is not None:
+            yield GaugeMetricFamily(
+                "tandem_prepared_claims", "Claims prepared on this node (the checkpoint's records).",
+                value=float(self._sources.prepared()),
+            )  # fmt: skip
+        if self._sources.events_dropped is not None:
+            yield CounterMetricFamily(
+                "tandem_events_dropped", "Kubernetes Events not sent: refused by the API server, failed, or "
+                "dropped by the full queue or the per-object rate limit.", value=float(self._sources.events_dropped()),
+            )  # fmt: skip
 
 
 @dataclass
@@ -181,6 +206,17 @@ def parse_address(address: str) -> tuple[str, int]:
     return host, int(m["port"])
 
 
+@dataclass(frozen=True)
+class ScrapeSources:
+    """What is read on each scrape, each None where the daemon has none (tests, a NIC-only node)."""
+
+    publisher_stats: Callable[[], SliceStats] | None = None
+    health_counters: Callable[[], Mapping[str, int]] | None = None
+    xids: Callable[[], Mapping[str, int]] | None = None  # by XID label value: a known code or "other"
+    prepared: Callable[[], int] | None = None
+    events_dropped: Callable[[], int] | None = None
+
+
 class _CallSeries(NamedTuple):
     """One op's series."""
 
@@ -191,13 +227,10 @@ class _CallSeries(NamedTuple):
 
 
 class Metrics:
-    def __init__(
-        self,
-        inventory: Inventory,
-        *,
-        publisher_stats: Callable[[], SliceStats] | None = None,
-        health_counters: Callable[[], Mapping[str, int]] | None = None,
-    ) -> None:
+    def __init__(self, inventory: Inventory, sources: ScrapeSources = ScrapeSources()) -> None:
+        # Process-wide (prometheus_client keeps it so): each counter's `_created` twin would double
+        # the counter series for a timestamp nobody alerts on.
+        disable_created_metrics()  # type: ignore[no-untyped-call]  # untyped in prometheus_client 0.26
         self.registry = CollectorRegistry()
         self._calls = Counter(
             "tandem_node_calls", "NodePrepareResources / NodeUnprepareResources calls.", ["op"], registry=self.registry
@@ -212,6 +245,21 @@ class Metrics:
             buckets=CALL_BUCKETS,
             registry=self.registry,
         )
+        self._in_flight = Gauge(
+            "tandem_node_calls_in_flight", "Kubelet calls running now.", ["op"], registry=self.registry
+        )
+        self._errors = Counter(
+            "tandem_prepare_errors",
+            "Claims whose prepare failed, by whose problem it was (driver/errors.py): config is the claim's "
+            "own (a tenant's typo), device, node, api, endpoint, or other (a bug).",
+            ["error_type"],
+            registry=self.registry,
+        )
+        version, commit = build()
+        Gauge(
+            "tandem_build_info", "1, labelled with this build's version and commit.", ["version", "commit"],
+            registry=self.registry,
+        ).labels(version, commit).set(1)  # fmt: skip
         # Series exist from the start, so rate() and alerts see a 0 before the first call; each
         # op's children are kept (a fixed set) so a call does not look its labels up again.
         self._series = {
@@ -223,17 +271,30 @@ class Metrics:
             )
             for op in OPS
         }
-        self.registry.register(_ScrapeCollector(inventory, publisher_stats, health_counters))
+        for kind in get_args(Kind):
+            self._errors.labels(kind)
+        for op in OPS:
+            self._in_flight.labels(op)
+        self.registry.register(_ScrapeCollector(inventory, sources))
         ProcessCollector(registry=self.registry)
 
-    def observe(self, op: str, seconds: float, claims: int, errors: int) -> None:
-        """One kubelet call of `op` that took `seconds` for `claims` claims, `errors` of which failed."""
-        errors = min(max(errors, 0), max(claims, 0))
+    def in_flight(self, op: str) -> AbstractContextManager[object]:
+        """Held while a kubelet call of `op` runs: `tandem_node_calls_in_flight`."""
+        return self._in_flight.labels(op).track_inprogress()
+
+    def observe(self, op: str, seconds: float, claims: int, errors: Sequence[str]) -> None:
+        """One kubelet call of `op` that took `seconds` for `claims` claims; `errors` has one entry
+        per failed claim, the kind of its error (driver/errors.py), "" where the path does not say.
+        A kind outside the tree counts as "other", so the label stays bounded."""
+        failed = min(len(errors), max(claims, 0))
         series = self._series[op]
         series.calls.inc()
-        series.ok.inc(max(claims, 0) - errors)
-        series.errors.inc(errors)
+        series.ok.inc(max(claims, 0) - failed)
+        series.errors.inc(failed)
         series.seconds.observe(max(seconds, 0.0))
+        for kind in errors[:failed]:
+            if kind:
+                self._errors.labels(kind if kind in get_args(Kind) else "other").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -8,10 +8,12 @@ public name with any other mode (it is bound in a private directory, then rename
 During a rolling update two instances share the data dir: the newer one takes the name over,
 and an instance only removes the socket on stop if the name still points at its own.
 
-Endpoints: GET /devices, /claims, /health; POST /cordon {"device", "reason", "by"},
+Endpoints: GET /devices, /claims, /claims/<uid or namespace/name> (`driver.status_docs`: one
+claim's record, files, status and last error), /health; POST /cordon {"device", "reason", "by"},
 POST /uncordon {"device"}; POST /release {"device" or "all": true, "reason", "by"} and
 POST /reacquire {"device" or "all": true} (`health.gpu_release`: a release answers once NVML let
-go, 503 when it did not in time). Errors are {"error": "..."} with a 4xx/5xx status.
+go, 503 when it did not in time); POST /clear {"device", "reason", "by"} (the operator's word that
+a GPU was reset: `health.gpu_resets`). Errors are {"error": "..."} with a 4xx/5xx status.
 
 /health's `status` is "healthy", "degraded" (a device, the registration, a discovery source), or
 "unhealthy": the node's devices may be invisible to the scheduler (no ResourceSlices published).
@@ -32,6 +34,7 @@ import stat
 import struct
 import tempfile
 import threading
+import urllib.parse
 from collections import Counter
 from collections.abc import Callable
 from http import HTTPStatus
@@ -39,12 +42,12 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 
-from driver.claims.checkpoint import ClaimRecord
 from driver.errors import EndpointError
-from driver.health.cordon import CordonError, CordonStore, UnknownDevice
+from driver.health.cordon import MAX_NAME, CordonError, CordonStore, UnknownDevice, check_text
 from driver.health.gpu_release import GpuReleases, ReleaseError, ReleaseTimeout
 from driver.inventory import Inventory
-from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, Health, Version
+from driver.model import Health
+from driver.status_docs import BadClaimKey, ClaimFacts, Holders, UnknownClaim, device_json, holders_by_device
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
@@ -65,46 +68,12 @@ class RequestError(EndpointError):
         self.status = status
 
 
-def _json_value(value: AttrValue | None) -> Any:
-    if isinstance(value, Version):
-        return value.value
-    if isinstance(value, tuple):
-        return [_json_value(v) for v in value]
-    return value
-
-
-def device_json(device: Device, claims: list[str]) -> dict[str, Any]:
-    attrs = device.attributes
-    return {
-        "name": device.name,
-        "kind": str(device.kind),
-        "model": _json_value(attrs.get("productName") or attrs.get("ifName") or ""),
-        "numaNode": _json_value(attrs.get(NUMA_NODE)),
-        "pcieRoot": _json_value(attrs.get(PCIE_ROOT)),
-        "pciBusID": _json_value(attrs.get(PCI_BUS_ID)),
-        "health": str(device.health),
-        "healthMessage": device.health_message,
-        "taints": [{"key": t.key, "value": t.value, "effect": str(t.effect)} for t in device.taints],
-        "claims": claims,
-    }
-
-
-def claims_by_device(prepared: dict[str, ClaimRecord]) -> dict[str, list[str]]:
-    out: dict[str, list[str]] = {}
-    for claim in sorted(prepared.values(), key=lambda c: (c.namespace, c.name)):
-        for d in claim.devices:
-            names = out.setdefault(d.device, [])
-            if f"{claim.namespace}/{claim.name}" not in names:
-                names.append(f"{claim.namespace}/{claim.name}")
-    return out
-
-
 class StatusServer:
     def __init__(
         self,
         socket_path: Path,
         inventory: Inventory,
-        prepared: Callable[[], dict[str, ClaimRecord]],
+        claims: ClaimFacts,
         cordons: CordonStore,
         releases: GpuReleases,
         info: Callable[[], dict[str, Any]],
@@ -113,7 +82,7 @@ class StatusServer:
         degraded, one under "unready" unhealthy and not ready."""
         self.socket_path = socket_path
         self._inventory = inventory
-        self._prepared = prepared
+        self._claims = claims
         self._cordons = cordons
         self._releases = releases
         self._info = info
@@ -125,11 +94,12 @@ class StatusServer:
     # --- endpoints -------------------------------------------------------------------------------
 
     def devices(self) -> dict[str, Any]:
-        by_device = claims_by_device(self._prepared())
-        return {"devices": [device_json(d, by_device.get(d.name, [])) for d in self._inventory.devices()]}
+        by_device = holders_by_device(self._claims.prepared())
+        none = Holders([], [])
+        return {"devices": [device_json(d, by_device.get(d.name, none)) for d in self._inventory.devices()]}
 
     def claims(self) -> dict[str, Any]:
-        prepared = sorted(self._prepared().items(), key=lambda kv: (kv[1].namespace, kv[1].name))
+        prepared = sorted(self._claims.prepared().items(), key=lambda kv: (kv[1].namespace, kv[1].name))
         return {"claims": [{"uid": uid, **c.to_json()} for uid, c in prepared]}
 
     def health(self) -> dict[str, Any]:
@@ -167,7 +137,7 @@ class StatusServer:
 
     def cordon(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
         device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
-        c = self._cordons.cordon(device, reason, by or peer)
+        c = self._cordons.cordon(device, reason, _author(by, peer))
         log.info("cordon of %s requested through the status socket by %s", device, peer)
         return {"cordon": c.to_json()}
 
@@ -181,7 +151,7 @@ class StatusServer:
         device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
         _one_target(body, device)
         log.info("release of %s requested through the status socket by %s", device or "NVML", peer)
-        tainted = self._releases.release(device, reason, by or peer)
+        tainted = self._releases.release(device, reason, _author(by, peer))
         return {"released": device or "nvml", "devices": tainted}
 
     def reacquire(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
@@ -191,6 +161,11 @@ class StatusServer:
         ended = self._releases.reacquire(device)
         return {"reacquired": [r.to_json() for r in ended], "released": [r.to_json() for r in self._releases.current()]}
 
+    def clear(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+        device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
+        log.info("clear of %s requested through the status socket by %s", device, peer)
+        return {"cleared": device, "devices": self._releases.clear(device, reason, _author(by, peer))}
+
     def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> dict[str, Any]:
         """Routes one request; raises RequestError for anything the client got wrong."""
         gets = {"/devices": self.devices, "/claims": self.claims, "/health": self.health}
@@ -199,10 +174,18 @@ class StatusServer:
             "/uncordon": self.uncordon,
             "/release": self.release,
             "/reacquire": self.reacquire,
+            "/clear": self.clear,
         }
         path = path.split("?", 1)[0].rstrip("/") or "/"
         if method == "GET" and path in gets:
             return gets[path]()
+        if method == "GET" and path.startswith("/claims/"):
+            try:
+                return self._claims.report(urllib.parse.unquote(path.removeprefix("/claims/")))
+            except UnknownClaim as e:
+                raise RequestError(HTTPStatus.NOT_FOUND, str(e)) from e
+            except BadClaimKey as e:
+                raise RequestError(HTTPStatus.BAD_REQUEST, str(e)) from e
         if method == "POST" and path in posts:
             try:
                 return posts[path](body or {}, peer)
@@ -268,6 +251,13 @@ class StatusServer:
 def _strings(value: Any) -> list[str]:
     """A list of reasons from `info()`: a list, one value, or none."""
     return [str(v) for v in (value if isinstance(value, list) else [value] if value else [])]
+
+
+def _author(by: str, peer: str) -> str:
+    """Who did it, for whoever looks next: the name the client gave (`--by`, $SUDO_USER, $LOGNAME)
+    and always the kernel's word on the process (under `kubectl exec` no name is set)."""
+    by = check_text("by", by, MAX_NAME, required=False)
+    return f"{by} ({peer})" if by else peer
 
 
 def _field(body: dict[str, Any], key: str) -> str:
@@ -352,13 +342,13 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(HTTPStatus.OK, payload)
 
     def _peer(self) -> str:
-        """Who is asking, from the kernel (SO_PEERCRED), for the audit log and a cordon's default author."""
+        """Who is asking, from the kernel (SO_PEERCRED), for the audit log and a cordon's author."""
         try:
             creds = self.request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         except OSError:
             return "unknown"
-        _pid, uid, _gid = struct.unpack("3i", creds)
-        return f"uid {uid}"
+        pid, uid, _gid = struct.unpack("3i", creds)
+        return f"uid {uid}, pid {pid}"
 
     def _reply(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
         data = json.dumps(payload, indent=1).encode() + b"\n"

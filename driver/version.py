@@ -43,13 +43,20 @@ def describe(
 ) -> str:
     """`tandem-driver 0.2.0 (commit 1a2b3c4d5e6f, built 2026-12-01)`; `built` only where the build
     said when, `commit unknown` where neither the build nor git says which."""
-    commit = environ.get(COMMIT_ENV, "").strip() or _git_commit(checkout)
-    details = [f"commit {_commit_shown(commit)}"]
+    version, commit = build(environ=environ, checkout=checkout)
+    details = [f"commit {commit}"]
     created = environ.get(CREATED_ENV, "").strip()
     if created:
         date = _DATE.match(created)
         details.append(f"built {date.group() if date else shown(created, 40)}")
-    return f"{program} {_package_version()} ({', '.join(details)})"
+    return f"{program} {version} ({', '.join(details)})"
+
+
+def build(*, environ: Mapping[str, str] = os.environ, checkout: Path = CHECKOUT) -> tuple[str, str]:
+    """(version, commit) as `describe` shows them, for `tandem_build_info`: the commit shortened,
+    `unknown` where neither the build nor git says which."""
+    commit = environ.get(COMMIT_ENV, "").strip() or _git_commit(checkout)
+    return _package_version(), _commit_shown(commit)
 
 
 def _package_version() -> str:

@@ -89,6 +89,14 @@ def strip_subrequest(request: str) -> str:
     return request.split("/", 1)[0]
 
 
+def consumer_pods(claim: ResourceClaim) -> tuple[str, ...]:
+    """The pods `status.reservedFor` names (all in the claim's namespace), for the record that
+    tells an SRE who holds a device; names that are not DNS subdomains are left out, not trusted."""
+    reserved = (claim.get("status") or {}).get("reservedFor") or []
+    names = (r.get("name", "") for r in reserved if isinstance(r, dict) and r.get("resource") == "pods")
+    return tuple(n for n in names if isinstance(n, str) and is_dns_subdomain(n))
+
+
 def allocated_devices(claim: ResourceClaim, ref: ClaimRef, driver_name: str, pool: str) -> list[DeviceRecord]:
     """This driver's devices in this node's pool, from a claim object read from the API server."""
     meta = claim.get("metadata") or {}

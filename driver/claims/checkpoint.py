@@ -126,12 +126,15 @@ class ClaimRecord:
     devices: tuple[DeviceRecord, ...] = ()
     # The driver instance that wrote a PrepareStarted record: only that instance may be mid-prepare.
     owner: str = ""
+    # The pods (in the claim's namespace) its `status.reservedFor` named when it was prepared, for
+    # `tandemctl`'s "who holds this device"; a record of an older release has none.
+    pods: tuple[str, ...] = ()
     # Fields written by a newer driver version, kept so that a rewrite by this version loses nothing.
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def from_json(cls, uid: str, raw: dict[str, Any]) -> ClaimRecord:
-        known = {"namespace", "name", "state", "devices", "owner"}
+        known = {"namespace", "name", "state", "devices", "owner", "pods"}
         return cls(
             namespace=str(raw["namespace"]),
             name=str(raw["name"]),
@@ -139,6 +142,7 @@ class ClaimRecord:
             state=member_of(PrepareState, str(raw.get("state", PrepareState.COMPLETED)), "state"),
             devices=tuple(DeviceRecord.from_json(d) for d in raw.get("devices", ())),
             owner=str(raw.get("owner", "")),
+            pods=tuple(str(p) for p in raw.get("pods", ())),
             extra={k: v for k, v in raw.items() if k not in known},
         )
 
@@ -156,6 +160,7 @@ class ClaimRecord:
             "state": self.state,
             "devices": [d.to_json() for d in self.devices],
             **({"owner": self.owner} if self.owner else {}),
+            **({"pods": list(self.pods)} if self.pods else {}),
         }
 
 

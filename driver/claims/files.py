@@ -36,6 +36,15 @@ class ClaimFiles:
     def has_spec(self, uid: str) -> bool:
         return (self._s.cdi_root / claim_spec_filename(self._s.driver_name, uid)).exists()
 
+    def present(self, uid: str) -> dict[str, bool]:
+        """Which of the claim's files are on the node, for `tandemctl claim`: a prepared claim
+        has its CDI spec and, where it asked for metadata, its metadata specs and directory."""
+        return {
+            "cdiSpec": self.has_spec(uid),
+            "metadataSpecs": uid in self.metadata.owned_spec_uids(),
+            "metadataDir": self.metadata.claim_dir(uid).is_dir(),
+        }
+
     def remove(self, uid: str) -> None:
         """The claim's CDI spec, metadata specs and metadata directory; what is missing is fine.
         A name that is no UID is a metadata directory of another layout (`uids`): only it goes."""

@@ -6,6 +6,11 @@ an error naming the field, because a silently ignored `mode: exclusiv` is worse 
 so are values: an address, route or MTU the kernel would refuse fails the claim at prepare, not
 the container later.
 Class configs apply before claim configs, in list order; later entries win field by field.
+An error names the field as its author wrote it (`spec.devices.config[0].opaque.parameters.sharing`,
+counting the claim's own entries, not the classes' the allocation puts first) and its JSON types
+("must be a string"); the API server refuses most of these mistakes earlier, when the claim is
+written (the ValidatingAdmissionPolicy `tandem-opaque-config` in daemonset.yaml), and prepare
+keeps these checks for what that policy cannot see (a server without it, a DeviceClass's entries).
 
 Some fields grant more than a device: `NicConfig.mad` exposes `umad`/`issm`, with which a pod
 can act as an InfiniBand subnet manager and undo partition isolation for the whole fabric. Any
@@ -25,7 +30,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from driver.claims.vocabulary import NicMode, Sharing, TimeSliceInterval, member_of
+from driver.claims.vocabulary import NicMode, Sharing, TimeSliceInterval, case_hint, member_of
 from driver.errors import InvalidInput
 from driver.kube.types import AllocationResult
 from driver.resource_api import MAX_OPAQUE_PARAMETERS
@@ -114,7 +119,15 @@ class OpaqueEntry:
     source: str
     requests: tuple[str, ...]
     parameters: object  # any JSON; `_decode` takes only an object
+    # Its place among the entries of its own source, every driver's: a claim's entry is the
+    # claim's `spec.devices.config[index]`.
     index: int
+
+    @property
+    def where(self) -> str:
+        """The entry's parameters as their author wrote them, for an error message."""
+        config = "DeviceClass config" if self.source == FROM_CLASS else "spec.devices.config"
+        return f"{config}[{self.index}].opaque.parameters"
 
 
 @dataclass
@@ -133,51 +146,63 @@ def _size(parameters: dict[str, Any]) -> int:
     return len(text.encode(errors="surrogatepass"))
 
 
+# A JSON value's type as its author would name it.
+_JSON_TYPES: dict[type, str] = {
+    bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
+    type(None): "null",
+}  # fmt: skip
+
+
+def _json_type(value: object) -> str:
+    return _JSON_TYPES.get(type(value), f"a {type(value).__name__}")
+
+
 def _got(value: object) -> str:
     """What a field held, for an error message: a string shown (`driver.untrusted`), anything
     else by its type alone."""
-    return shown(value) if isinstance(value, str) else f"a {type(value).__name__}"
+    return shown(value) if isinstance(value, str) else _json_type(value)
 
 
 def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
-    where = f"config[{entry.index}] ({entry.source})"
+    where = entry.where
     p = entry.parameters
     if not isinstance(p, dict):
-        raise ConfigDecodeError(f"{where}: parameters must be an object")
+        raise ConfigDecodeError(f"{where} must be an object, got {_json_type(p)}")
     # Before anything of it is looked at: the API server holds parameters to this size, so more
     # comes from a server that does not, and is refused without being repeated.
     if (size := _size(p)) > MAX_OPAQUE_PARAMETERS:
-        raise ConfigDecodeError(f"{where}: parameters of {size} bytes, at most {MAX_OPAQUE_PARAMETERS}")
+        raise ConfigDecodeError(f"{where} is {size} bytes, at most {MAX_OPAQUE_PARAMETERS}")
     if p.get("apiVersion") != API_VERSION:
-        raise ConfigDecodeError(f"{where}: apiVersion must be {API_VERSION!r}, got {_got(p.get('apiVersion'))}")
+        raise ConfigDecodeError(f"{where}.apiVersion must be {API_VERSION!r}, got {_got(p.get('apiVersion'))}")
     kind = p.get("kind")
     if kind not in _FIELDS:
-        raise ConfigDecodeError(f"{where}: kind must be one of {sorted(_FIELDS)}, got {_got(kind)}")
+        hint = case_hint(kind, _FIELDS) if isinstance(kind, str) else ""
+        raise ConfigDecodeError(f"{where}.kind must be one of {sorted(_FIELDS)}, got {_got(kind)}{hint}")
     out: dict[str, Any] = {}
     for key, value in p.items():
         if key in ("apiVersion", "kind"):
             continue
         if key not in _FIELDS[kind]:
-            raise ConfigDecodeError(f"{where}: unknown {kind} field {shown(key)}")
+            raise ConfigDecodeError(f"{where}: unknown {kind} field {shown(key)}{case_hint(key, _FIELDS[kind])}")
         attr, typ = _FIELDS[kind][key]
         json_type = str if issubclass(typ, StrEnum) else typ
         if type(value) is not json_type:
-            raise ConfigDecodeError(f"{where}: {kind}.{key} must be a {json_type.__name__}, got {type(value).__name__}")
+            raise ConfigDecodeError(f"{where}.{key} must be {_JSON_TYPES[json_type]}, got {_json_type(value)}")
         why = _CLASS_ONLY.get((kind, key))
         if why and entry.source != FROM_CLASS:
             raise ConfigDecodeError(
-                f"{where}: {kind}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
+                f"{where}.{key} is accepted only from DeviceClass configuration, not a claim: {why}"
             )
         if issubclass(typ, StrEnum):
             try:
-                value = member_of(typ, str(value), f"{kind}.{key}")
+                value = member_of(typ, str(value), f"{where}.{key}")
             except ValueError as e:
-                raise ConfigDecodeError(f"{where}: {e}") from None
+                raise ConfigDecodeError(str(e)) from None
         out[attr] = value
     if kind == "NicConfig":
         if "interface_name" in out and not _IFNAME.fullmatch(out["interface_name"]):
             raise ConfigDecodeError(
-                f"{where}: NicConfig.interfaceName {shown(out['interface_name'])} is not a valid interface name"
+                f"{where}.interfaceName {shown(out['interface_name'])} is not a valid interface name"
             )
         out.update(_ip_settings(where, out))
     return kind, out
@@ -190,7 +215,7 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     addresses = []
     for i, text in enumerate(values.get("addresses", ())):
-        field_ = f"{where}: NicConfig.addresses[{i}]"
+        field_ = f"{where}.addresses[{i}]"
         try:
             fits = isinstance(text, str) and len(text) <= _MAX_ADDRESS_TEXT
             address = ipaddress.ip_interface(text) if fits else None
@@ -207,16 +232,16 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
             raise ConfigDecodeError(f"{field_} {shown(text)} is given twice")
         addresses.append(address)
     if len(addresses) > MAX_ADDRESSES:
-        raise ConfigDecodeError(f"{where}: NicConfig.addresses has {len(addresses)} entries, at most {MAX_ADDRESSES}")
+        raise ConfigDecodeError(f"{where}.addresses has {len(addresses)} entries, at most {MAX_ADDRESSES}")
     routes = []
     for i, raw in enumerate(values.get("routes", ())):
-        field_ = f"{where}: NicConfig.routes[{i}]"
+        field_ = f"{where}.routes[{i}]"
         if not isinstance(raw, dict) or not set(raw) <= {"destination", "via"} or "destination" not in raw:
             raise ConfigDecodeError(f"{field_} must be an object with destination and, optionally, via")
         for key, value in raw.items():
             # ipaddress takes integers too: 0 would become 0.0.0.0/32, true the gateway 0.0.0.1.
             if not isinstance(value, str):
-                raise ConfigDecodeError(f"{field_}.{key} must be a string, got {type(value).__name__}")
+                raise ConfigDecodeError(f"{field_}.{key} must be a string, got {_json_type(value)}")
             if len(value) > _MAX_ADDRESS_TEXT:
                 raise ConfigDecodeError(f"{field_}.{key} {shown(value)} is too long for an address or network")
         try:
@@ -227,14 +252,14 @@ def _ip_settings(where: str, values: dict[str, Any]) -> dict[str, Any]:
         if via is not None and via.version != destination.version:
             raise ConfigDecodeError(f"{field_}: via {via} and destination {destination} are of different IP versions")
         if via is not None and addresses and not any(via in a.network for a in addresses):
-            raise ConfigDecodeError(f"{field_}: via {via} is in none of the networks of NicConfig.addresses")
+            raise ConfigDecodeError(f"{field_}: via {via} is in none of the networks of {where}.addresses")
         routes.append(Route(str(destination), str(via) if via is not None else ""))
     if len(routes) > MAX_ROUTES:
-        raise ConfigDecodeError(f"{where}: NicConfig.routes has {len(routes)} entries, at most {MAX_ROUTES}")
+        raise ConfigDecodeError(f"{where}.routes has {len(routes)} entries, at most {MAX_ROUTES}")
     if "mtu" in values:
         low = MIN_MTU_IPV6 if any(a.version == 6 for a in addresses) else MIN_MTU
         if not low <= values["mtu"] <= MAX_MTU:
-            raise ConfigDecodeError(f"{where}: NicConfig.mtu {values['mtu']} must be {low} to {MAX_MTU}")
+            raise ConfigDecodeError(f"{where}.mtu {values['mtu']} must be {low} to {MAX_MTU}")
         out["mtu"] = values["mtu"]
     if "addresses" in values:
         out["addresses"] = tuple(str(a) for a in addresses)
@@ -271,11 +296,16 @@ def resolve(entries: Iterable[OpaqueEntry], request: str) -> RequestConfig:
 
 
 def opaque_entries(allocation: AllocationResult, driver_name: str) -> list[OpaqueEntry]:
-    """This driver's opaque configs of an allocation (other drivers' are none of our business)."""
+    """This driver's opaque configs of an allocation (other drivers' are none of our business),
+    each numbered among its source's entries: the allocation puts the classes' first, then the
+    claim's own, all of them, in the claim's order."""
     out = []
-    for i, c in enumerate((allocation.get("devices") or {}).get("config") or []):
+    seen = {True: 0, False: 0}  # entries so far, by "from a class"
+    for c in (allocation.get("devices") or {}).get("config") or []:
+        source = c.get("source", "")
+        index, seen[source == FROM_CLASS] = seen[source == FROM_CLASS], seen[source == FROM_CLASS] + 1
         opaque = c.get("opaque")
         if opaque is None or opaque.get("driver") != driver_name:
             continue
-        out.append(OpaqueEntry(c.get("source", ""), tuple(c.get("requests") or ()), opaque.get("parameters"), i))
+        out.append(OpaqueEntry(source, tuple(c.get("requests") or ()), opaque.get("parameters"), index))
     return out

@@ -45,6 +45,7 @@ from driver.claims.allocation import (
     PrepareSettings,
     allocated_devices,
     check_not_in_use,
+    consumer_pods,
     validate_ref,
 )
 from driver.claims.cdi_spec import ClaimSpecError, PlannedDevice, claim_spec, pairing_metadata, pod_pairs
@@ -61,6 +62,7 @@ from driver.claims.opaque_config import ConfigDecodeError, opaque_entries, resol
 from driver.claims.status import current_devices, network_data, status_entries
 from driver.claims.unprepare import Unpreparer
 from driver.claims.vocabulary import PrepareState
+from driver.errors import Kind, error_kind
 from driver.kube.types import ResourceClaim
 from driver.logs import log_context
 from driver.model import Device
@@ -74,6 +76,7 @@ log = logging.getLogger(__name__)
 class PrepareResult:
     devices: tuple[DeviceRecord, ...] = ()
     error: str = ""
+    error_kind: Kind | None = None  # with an error: whose problem it was (driver/errors.py), for metrics
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,7 @@ class Preparer:
                 validate_ref(ref)
             except ClaimError as e:
                 log.warning("%s of an invalid claim reference: %s", op, e, extra={"op": op})
-                invalid[ref.uid] = PrepareResult(error=str(e))
+                invalid[ref.uid] = PrepareResult(error=str(e), error_kind=e.kind)
                 continue
             valid.setdefault(ref.uid, ref)
         return valid, invalid
@@ -267,6 +270,7 @@ class Preparer:
                     state=PrepareState.STARTED,
                     devices=tuple(records),
                     owner=self._instance.instance_id,
+                    pods=consumer_pods(p.claim),
                 )
         self._sharing.realise(f"{ref.namespace}/{ref.name}", records)  # MPS daemons, time slices: after the record
         if dynamic:
@@ -300,9 +304,8 @@ class Preparer:
         done = _with_cdi_ids(networked, ids, metadata_ids)
         with self._checkpoint.transaction() as claims:
             self._check_still_prepared(p, claims, PrepareState.STARTED if completed is None else PrepareState.COMPLETED)
-            claims[ref.uid] = ClaimRecord(
-                namespace=ref.namespace, name=ref.name, uid=ref.uid, state=PrepareState.COMPLETED, devices=done
-            )
+            pods = consumer_pods(p.claim)
+            claims[ref.uid] = ClaimRecord(ref.namespace, ref.name, ref.uid, PrepareState.COMPLETED, done, pods=pods)
         return PrepareResult(devices=done)
 
     def _check_still_prepared(self, p: _Planned, claims: dict[str, ClaimRecord], state: PrepareState) -> None:
@@ -362,10 +365,10 @@ def _failed(ref: ClaimRef, ctx: dict[str, str], e: Exception) -> PrepareResult:
     """A claim that cannot be prepared: the error goes back to the kubelet for this claim only."""
     if isinstance(e, ClaimError):
         log.warning("prepare failed: %s", e, extra=ctx)
-        return PrepareResult(error=str(e))
+        return PrepareResult(error=str(e), error_kind=error_kind(e))
     # An API or disk failure fails this claim only; the kubelet retries.
     log.exception("prepare failed", extra=ctx)
-    return PrepareResult(error=f"prepare of claim {ref.namespace}/{ref.name} failed: {e}")
+    return PrepareResult(error=f"prepare of claim {ref.namespace}/{ref.name} failed: {e}", error_kind=error_kind(e))
 
 
 def _with_network_data(records: tuple[DeviceRecord, ...], planned: list[PlannedDevice]) -> tuple[DeviceRecord, ...]:

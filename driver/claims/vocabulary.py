@@ -13,6 +13,7 @@ format version, so an older release refuses the file as newer rather than misrea
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
 from typing import TypeVar
 
@@ -23,11 +24,17 @@ _Word = TypeVar("_Word", bound=StrEnum)
 
 def member_of(kind: type[_Word], value: str, field: str) -> _Word:
     """`value`, read from outside, as a member of `kind`; ValueError naming `field` and the
-    members when it is none of them."""
+    members when it is none of them, and the right spelling when only its case is wrong (`mps`)."""
     try:
         return kind(value)
     except ValueError:
-        raise ValueError(f"{field} must be one of {[m.value for m in kind]}, got {shown(value)}") from None
+        members = [m.value for m in kind]
+        raise ValueError(f"{field} must be one of {members}, got {shown(value)}{case_hint(value, members)}") from None
+
+
+def case_hint(value: str, words: Iterable[str]) -> str:
+    """` (did you mean 'MPS'?)` when `value` is one of `words` but for its case, else nothing."""
+    return next((f" (did you mean {w!r}?)" for w in words if w.lower() == value.lower() and w != value), "")
 
 
 class Sharing(StrEnum):

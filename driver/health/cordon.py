@@ -36,7 +36,8 @@ FORMAT_VERSION = 1
 UPGRADES: Mapping[int, Upgrade] = {0: unchanged}  # a file without a version has version 1's layout
 TAINT_VALUE = "manual"
 MAX_REASON = 256
-MAX_BY = 64
+MAX_NAME = 64  # the name a client gives (`tandemctl --by`)
+MAX_BY = 96  # that name and the kernel's word on the client ("alice (uid 0, pid 4194304)")
 
 
 class CordonError(InvalidInput):

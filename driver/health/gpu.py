@@ -2,30 +2,26 @@
 
 One thread, named "gpu-health", does everything, so the monitor's state needs no lock:
 
-    loop: [probe when due or asked] -> expire quiet periods -> wait for one event (timeout)
+    loop: [probe when due or asked] -> reset evidence (`gpu_resets`), quiet periods -> wait for an event
 
 * The wait has a timeout (`wait_timeout_ms`), so `stop()` takes effect within it and a burst of
-  events is drained one per wait without loss (NVML queues them; NVIDIA's one-slot channel per
-  device dropped bursts).
+  events is drained one per wait without loss (NVML queues them; NVIDIA's one-slot channel lost some).
 * The probe (every `probe_period`, on `trigger_probe()`, after an event it cannot place, and when
   the inventory's set of GPUs changes) asks every GPU in the inventory whether it answers, reads
   its ECC counters and row-remapping state, and registers events on GPUs that are new or answer
   again. Its findings are HARD conditions: stated afresh each probe, so they clear by themselves.
 * The monitor holds its own `nvmlInit` (NVML reference-counts it, so discovery's init/shutdown
-  pairs do not disturb it). When NVML is unavailable it retries with backoff and marks the
-  inventory's GPUs `unmonitored`.
-* When an SRE releases NVML (`tandemctl release`, `node.nvml`: nvmlInit opens every GPU,
-  so releasing one GPU releases NVML) the session is closed at once and none is opened until the
-  reacquire; the GPUs' last verdicts stand meanwhile.
+  pairs do not disturb it). While NVML is unavailable it retries with backoff, GPUs `unmonitored`.
+* When an SRE releases NVML (`tandemctl release` of a GPU or all: nvmlInit opens every GPU) the
+  session is closed at once and none is opened until the reacquire; the last verdicts stand.
 
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
 errors no event reported (e.g. a lost event), to all devices of the GPU (`gpu_memory`).
 
 What the observations mean is `gpu_policy`; the NVML event set and registration `nvml_events`;
-what the probe reads of a GPU's memory `gpu_memory`; the conditions, kept by UUID (a GPU's, a MIG
-device's), and their publishing to the inventory `gpu_conditions`; the counters `gpu_counters`.
-This module is the thread that ties them to NVML.
+what the probe reads of a GPU's memory `gpu_memory`; the conditions, kept by UUID, and their
+publishing `gpu_conditions`; the counters `gpu_counters`. This is the thread that ties them to NVML.
 
 Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
 monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
@@ -55,6 +51,7 @@ from driver.health.gpu_policy import (
     index_gpus,
 )
 from driver.health.gpu_recovery import read_recovery_action, recovery_conditions
+from driver.health.gpu_resets import RESET_EVIDENCE, ResetEvidence
 from driver.health.nvml_events import (
     DOUBLE_BIT,
     EVENT_NAMES,
@@ -94,6 +91,7 @@ class GpuHealthMonitor:
         probe_period: float = 10.0,
         clock: Callable[[], float] = time.monotonic,
         init_backoff: Backoff = INIT_BACKOFF,
+        evidence: ResetEvidence = RESET_EVIDENCE,
     ) -> None:
         self.inventory = inventory
         self.policy = policy
@@ -103,6 +101,7 @@ class GpuHealthMonitor:
         self.probe_period = probe_period
         self.clock = clock
         self.init_backoff = init_backoff
+        self.evidence = evidence
         self._conditions = GpuConditions(inventory, policy, source)
         self._ecc = EccLedger()
         self._counters = SharedCounters()
@@ -122,6 +121,7 @@ class GpuHealthMonitor:
             raise RuntimeError("the GPU health monitor was already started")
         self.inventory.subscribe(self._inventory_changed)
         NVML_ACCESS.subscribe(self._wake.set)
+        self.evidence.subscribe(self._wake.set)
         self._thread = threading.Thread(target=self._run, name="gpu-health", daemon=True)
         self._thread.start()
 
@@ -130,6 +130,7 @@ class GpuHealthMonitor:
         self._wake.set()
         if self._thread is not None:
             NVML_ACCESS.unsubscribe(self._wake.set)
+            self.evidence.unsubscribe(self._wake.set)
             self._thread.join(self.wait_timeout_ms / 1000 + 5 if timeout is None else timeout)
 
     def running(self) -> bool:
@@ -215,7 +216,8 @@ class GpuHealthMonitor:
                 self._probe_requested.clear()
                 self._probe(s)
                 next_probe = self.clock() + self.probe_period
-            if self._conditions.state.expire(self.clock()):
+            reset = self._conditions.reset(self.evidence.take())
+            if self._conditions.state.expire(self.clock()) or reset:
                 self._conditions.publish()
             if self._stop.is_set():
                 return
@@ -276,7 +278,7 @@ class GpuHealthMonitor:
                 ", ".join(targets),
                 cond.message,
             )
-            changed = self._conditions.observe(subjects, cond, now)
+            changed = self._conditions.observe(subjects, cond, now, self.policy.needs_reset(edata, action))
         elif etype == DOUBLE_BIT:
             self._counters.count(double_bit_ecc=1)
             self._ecc.reported(uuid, UNCORRECTED)
@@ -334,6 +336,7 @@ class GpuHealthMonitor:
             if uuid in s.unmonitored:
                 conds.append(self.policy.unmonitored(s.unmonitored[uuid]))
             self._conditions.state.set_hard(uuid, conds)
+            self._conditions.probed(gpus[uuid], found[uuid], uuid in answering)
         self._conditions.publish(gpus)
 
     def _probe_gpu(self, s: Session, gpu: GpuDevices) -> tuple[list[Condition], Any]:

@@ -17,7 +17,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from driver.health.gpu_policy import EventRate, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
+from driver.health.gpu_memory import EventRate
+from driver.health.gpu_policy import GPU_LOST, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
+from driver.health.gpu_resets import EVERY_GPU
 from driver.inventory import Inventory
 from driver.model import Condition
 
@@ -35,10 +37,11 @@ class GpuConditions:
         self.state = HealthState(policy)
         self._sbe_rate: dict[str, EventRate] = {}
         self._published: dict[str, frozenset[Condition]] = {}  # device name -> its conditions as published
+        self._lost: set[str] = set()  # GPUs the last probe found lost (off the bus)
 
-    def observe(self, subjects: Iterable[str], cond: Condition, now: float) -> bool:
+    def observe(self, subjects: Iterable[str], cond: Condition, now: float, until_reset: bool = False) -> bool:
         """Records an event against each subject; whether any subject's conditions changed."""
-        return bool({s for s in subjects if self.state.observe(s, cond, now)})
+        return bool({s for s in subjects if self.state.observe(s, cond, now, until_reset)})
 
     def single_bits(self, gpu: GpuDevices, count: int, now: float) -> bool:
         rate = self._sbe_rate.setdefault(gpu.uuid, EventRate(self.policy.single_bit_window))
@@ -47,6 +50,32 @@ class GpuConditions:
             return False
         return self.observe([gpu.uuid], self.policy.single_bit_ecc_rate(total), now)
 
+    def reset(self, evidence: dict[str, str], gpus: dict[str, GpuDevices] | None = None) -> bool:
+        """Drops what waited for a reset of each GPU in `evidence` (UUID, or EVERY_GPU -> why;
+        `gpu_resets`), its MIG instances' too; whether anything was dropped."""
+        if not evidence:
+            return False
+        gpus = index_gpus(self.inventory.devices()) if gpus is None else gpus
+        changed = False
+        for gpu in gpus.values():
+            why = evidence.get(gpu.uuid, evidence.get(EVERY_GPU))
+            if why is None:
+                continue
+            cleared = [s for s in (gpu.uuid, *gpu.instances.values()) if s and self.state.clear_reset(s)]
+            if cleared:
+                log.warning("GPU %s: the conditions that waited for a reset are cleared: %s", gpu.uuid, why)
+            changed = changed or bool(cleared)
+        return changed
+
+    def probed(self, gpu: GpuDevices, conds: list[Condition], answers: bool) -> None:
+        """Records the probe's verdict on a GPU: one that was lost and answers again was reset or
+        re-enumerated (NVML's GPU_IS_LOST holds until then), which is evidence for `reset`."""
+        if any(c.key == self.policy.key(GPU_LOST) for c in conds):
+            self._lost.add(gpu.uuid)
+        elif answers and gpu.uuid in self._lost:
+            self._lost.discard(gpu.uuid)
+            self.reset({gpu.uuid: "it was lost (off the bus) and answers again"}, {gpu.uuid: gpu})
+
     def forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
         """Drops what is known of GPUs and instances no longer in the inventory."""
         present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
@@ -54,6 +83,7 @@ class GpuConditions:
             self.state.forget(subject)
         for uuid in set(self._sbe_rate) - set(gpus):
             del self._sbe_rate[uuid]
+        self._lost &= set(gpus)
 
     def publish(self, gpus: dict[str, GpuDevices] | None = None) -> None:
         """Publishes the conditions of every device that changed: its GPU's and its own

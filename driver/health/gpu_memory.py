@@ -3,11 +3,13 @@
 Row remapping (Ampere and later), else page retirement, says whether the GPU waits for a reset;
 both are HARD conditions, stated afresh by every probe. The volatile ECC counters are the truth
 about ECC errors and events only a prompt: `EccLedger` tells from two readings how many errors
-the events did not already report (a lost event, say).
+the events did not already report (a lost event, say); `EventRate` counts the corrected ones
+within a window, for the single-bit rate notice.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Collection
 from dataclasses import dataclass
 from types import ModuleType
@@ -21,6 +23,24 @@ from driver.node.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS, NvmlError
 CORRECTED = 0  # NVML_MEMORY_ERROR_TYPE_CORRECTED
 UNCORRECTED = 1  # NVML_MEMORY_ERROR_TYPE_UNCORRECTED
 VOLATILE = 0  # NVML_VOLATILE_ECC
+
+
+class EventRate:
+    """Occurrences within a sliding window (single-bit ECC errors per GPU)."""
+
+    def __init__(self, window: float) -> None:
+        self.window = window
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._total = 0
+
+    def add(self, count: int, now: float) -> int:
+        """Record `count` occurrences at `now`; the total within the window ending at `now`."""
+        if count > 0:
+            self._samples.append((now, count))
+            self._total += count
+        while self._samples and self._samples[0][0] <= now - self.window:
+            self._total -= self._samples.popleft()[1]
+        return self._total
 
 
 def memory_conditions(

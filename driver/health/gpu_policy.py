@@ -5,7 +5,8 @@ NVIDIA's driver taints a device on every XID and never clears it, ignores ECC ev
 evicts (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs' and 'User complaints'). Here every condition has a way back:
 
 * TRANSIENT conditions come from events (XIDs, ECC errors). Each occurrence restarts a quiet
-  period; when it passes without a new occurrence the condition clears.
+  period; when it passes without a new occurrence the condition clears, except a reset XID on a
+  driver that reports no recovery action: that one waits for evidence of a reset (`gpu_resets`).
 * HARD conditions come from the periodic probe (GPU lost, rows waiting for remapping, a
   recovery action the driver asks for, NVML errors, events that could not be registered). The
   probe states them afresh each time, so they clear as soon as the probe finds the GPU well again
@@ -28,7 +29,8 @@ Where the driver reports no action (none, or a driver or GPU without the field: 
 the XID keeps its class from NVIDIA's Xid catalog for Ampere and later
 (docs.nvidia.com/deploy/xid-errors, its "resolution bucket" column). "None" does not lower a reset
 XID: the XID event and the driver's update of the action are not ordered for the reader, and a
-GPU that really needs no reset loses only the quiet period.
+GPU that really needs no reset loses only the quiet period. Where it reports nothing at all, a
+reset XID holds until evidence of a reset (`needs_reset`); its message says what clears it.
 
 * application XIDs 13, 31, 43, 45, 68, 109 (the set NVIDIA's DRA and device plugins skip), plus
   `ignored_xids`: the application crashed, the GPU is fine. Informational: effect None, healthy.
@@ -50,7 +52,6 @@ fault, leave it out of the ignored set.
 
 from __future__ import annotations
 
-import collections
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -70,6 +71,9 @@ NVML_ERROR = "nvml-error"
 UNMONITORED = "unmonitored"
 RECOVERY_ACTION = "recovery-action"
 NAMES = (XID, ECC, GPU_LOST, ROW_REMAP_PENDING, ROW_REMAP_FAILED, NVML_ERROR, UNMONITORED, RECOVERY_ACTION)
+
+CLEARS_ON_RESET = "clears when the GPU is reset (tandemctl release, nvidia-smi -r, tandemctl reacquire), \
+when it falls off the bus and answers again, or by tandemctl clear"
 
 DOUBLE_BIT = "double-bit"
 SINGLE_BIT = "single-bit"
@@ -206,8 +210,15 @@ class GpuHealthPolicy:
             return self._info(XID, str(xid), f"{text}: an application error, the GPU is fine ({source})")
         if xid in self.reset_xids:
             why = f"{text}: the GPU needs a reset (Xid catalog; {source})"
+            if self.needs_reset(xid, action):
+                why += f"; {CLEARS_ON_RESET}"
             return self._fault(XID, str(xid), why, self.reset_xid_effect)
         return self._fault(XID, str(xid), f"{text} ({source})", TaintEffect.NO_SCHEDULE)
+
+    def needs_reset(self, xid: int, action: int | None) -> bool:
+        """Whether the XID's condition clears only on evidence of a reset: a reset XID where the
+        driver reports no recovery action (None: no field, or it could not be read)."""
+        return action is None and xid in self.reset_xids and not self.is_informational_xid(xid)
 
     def recovery_action(self, action: int) -> Condition | None:
         """What the probe read of the GPU's recovery action; None when the driver asks for nothing."""
@@ -255,24 +266,6 @@ class GpuHealthPolicy:
         return Recovery.HARD, 0.0
 
 
-class EventRate:
-    """Occurrences within a sliding window (single-bit ECC errors per GPU)."""
-
-    def __init__(self, window: float) -> None:
-        self.window = window
-        self._samples: collections.deque[tuple[float, int]] = collections.deque()
-        self._total = 0
-
-    def add(self, count: int, now: float) -> int:
-        """Record `count` occurrences at `now`; the total within the window ending at `now`."""
-        if count > 0:
-            self._samples.append((now, count))
-            self._total += count
-        while self._samples and self._samples[0][0] <= now - self.window:
-            self._total -= self._samples.popleft()[1]
-        return self._total
-
-
 class HealthState:
     """The conditions of each subject, with the time each transient one was last seen. A subject
     is what conditions are about: the monitor (`driver.health.gpu`) uses a GPU's UUID and a MIG
@@ -285,15 +278,19 @@ class HealthState:
     def __init__(self, policy: GpuHealthPolicy) -> None:
         self.policy = policy
         self._transient: dict[str, dict[tuple[str, str], tuple[Condition, float]]] = {}
+        self._until_reset: dict[str, dict[tuple[str, str], tuple[Condition, float]]] = {}  # no quiet period
         self._hard: dict[str, frozenset[Condition]] = {}
 
-    def observe(self, subject: str, condition: Condition, now: float) -> bool:
-        """An event happened: (re)start the condition's quiet period."""
+    def observe(self, subject: str, condition: Condition, now: float, until_reset: bool = False) -> bool:
+        """An event happened: (re)start the condition's quiet period or, `until_reset`, hold it
+        until `clear_reset` (`GpuHealthPolicy.needs_reset`)."""
         recovery, _ = self.policy.recovery(condition)
         if recovery is not Recovery.TRANSIENT:
             raise ValueError(f"{condition.key} is not an event condition")
         before = self.conditions(subject)
-        conds = self._transient.setdefault(subject, {})
+        store, other = (self._until_reset, self._transient) if until_reset else (self._transient, self._until_reset)
+        other.get(subject, {}).pop((condition.key, condition.value), None)  # one entry per key and value
+        conds = store.setdefault(subject, {})
         conds.pop((condition.key, condition.value), None)
         conds[(condition.key, condition.value)] = (condition, now)  # dict order = last seen
         xids = [k for k in conds if k[0] == self.policy.key(XID)]
@@ -324,18 +321,22 @@ class HealthState:
                 del self._transient[subject]
         return changed
 
+    def clear_reset(self, subject: str) -> bool:
+        """The subject's GPU was reset (`gpu_resets`): drop what waited for it; whether anything did."""
+        return self._until_reset.pop(subject, None) is not None
+
     def forget(self, subject: str) -> bool:
-        had = subject in self._transient or subject in self._hard
-        self._transient.pop(subject, None)
-        self._hard.pop(subject, None)
+        had = subject in self.subjects()
+        for store in (self._transient, self._until_reset, self._hard):
+            store.pop(subject, None)
         return had
 
     def subjects(self) -> set[str]:
-        return set(self._transient) | set(self._hard)
+        return set(self._transient) | set(self._until_reset) | set(self._hard)
 
     def conditions(self, subject: str) -> frozenset[Condition]:
-        transient = (c for c, _ in self._transient.get(subject, {}).values())
-        return frozenset(transient) | self._hard.get(subject, frozenset())
+        events = {**self._transient.get(subject, {}), **self._until_reset.get(subject, {})}
+        return frozenset(c for c, _ in events.values()) | self._hard.get(subject, frozenset())
 
 
 # --- which devices an NVML event is about --------------------------------------------------------

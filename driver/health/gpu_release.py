@@ -14,7 +14,11 @@ nvmlInit opens every GPU (`node.nvml`), so either way Tandem lets go of NVML as 
   take it back, in the slice, the kubelet's health stream and `tandemctl`; after a release of one
   GPU the others stay schedulable and carry `unmonitored` (effect None), which says why;
 * a reacquire lifts the conditions, lets NVML be initialised again and rediscovers the GPUs (a
-  driver upgrade changes their attributes); the monitor's next probe judges the GPUs afresh.
+  driver upgrade changes their attributes); the monitor's next probe judges the GPUs afresh, and
+  it is evidence of a reset (`gpu_resets`) for the GPUs taken back: the window for `nvidia-smi -r`;
+* `tandemctl clear <device> --reason` is the operator's word that the GPU was reset or is healthy
+  (`clear`): evidence too, recorded with who, why and when in `<data dir>/cleared.json` (the last
+  `MAX_CLEARS`) before it takes effect.
 
 Releases are durable in `<data dir>/released.json`, written before they take effect: a daemon
 restarted in the middle of a reset or an upgrade must not take NVML back behind the SRE's back
@@ -38,6 +42,7 @@ from driver.errors import InvalidInput, NodeError
 from driver.fsutil import Upgrade, locked, read_json_state, unchanged
 from driver.health.cordon import MAX_BY, MAX_REASON, check_text, unknown_device
 from driver.health.gpu_policy import UNMONITORED
+from driver.health.gpu_resets import EVERY_GPU, RESET_EVIDENCE, ResetEvidence
 from driver.inventory import Inventory
 from driver.model import Condition, TaintEffect
 from driver.node.nvml import NVML_ACCESS, NvmlAccess
@@ -48,7 +53,8 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 UPGRADES: Mapping[int, Upgrade] = {0: unchanged}  # a file without a version has version 1's layout
 RELEASE_TIMEOUT = 20.0  # seconds a release waits for NVML's sessions to close
-EVERYTHING = ""  # the key (and `gpu`) of a release of all of NVML
+EVERYTHING = EVERY_GPU  # the key (and `gpu`) of a release of all of NVML
+MAX_CLEARS = 100  # the clears `cleared.json` keeps, the newest
 
 
 class ReleaseError(InvalidInput):
@@ -98,9 +104,12 @@ class GpuReleases:
         access: NvmlAccess = NVML_ACCESS,
         on_reacquire: Callable[[], None] = lambda: None,
         timeout: float = RELEASE_TIMEOUT,
+        evidence: ResetEvidence = RESET_EVIDENCE,
     ) -> None:
         """`on_reacquire` runs after a reacquire took something back (the daemon rediscovers GPUs)."""
         self.path = data_dir / "released.json"
+        self.clears_path = data_dir / "cleared.json"
+        self._evidence = evidence
         self._lock_path = data_dir / "released.lock"
         self._inventory = inventory
         self._key = f"{domain}/released"
@@ -163,6 +172,10 @@ class GpuReleases:
                 ended = [releases.pop(k) for k in keys]
                 if ended:
                     self._write(releases)
+            for r in ended:  # before NVML is let back: the monitor's first probe finds the evidence
+                self._evidence.report(
+                    r.gpu, f"reacquired after a release by {r.by or 'unknown'} at {r.since}: {r.reason}"
+                )
             self._releases = releases
             self._access.set_released(self._released(), self._timeout)  # nothing was open to wait for
             self._apply()
@@ -171,6 +184,21 @@ class GpuReleases:
         if ended:
             self._on_reacquire()
         return ended
+
+    def clear(self, device: str, reason: str, by: str = "") -> list[str]:
+        """The operator's word that the GPU of `device` was reset or is healthy: what waits for a
+        reset (`gpu_resets`) clears. Recorded durably first; the GPU's devices."""
+        reason = check_text("reason", reason, MAX_REASON, required=True)
+        by = check_text("by", by, MAX_BY, required=False)
+        with self._ops:
+            record = Release(self._gpu_of(device), device, reason, by, rfc3339())
+            with locked(self._file, self._lock_path):
+                entries = read_json_state(self.clears_path, "clear", "clears", list, version=FORMAT_VERSION)
+                doc = {"version": FORMAT_VERSION, "clears": [*entries, record.to_json()][-MAX_CLEARS:]}
+                atomic_write(self.clears_path, json.dumps(doc, indent=1).encode(), mode=0o600)
+        log.warning("%s cleared by %s: %s", device, by or "unknown", reason)
+        self._evidence.report(record.gpu, f"cleared by {by or 'unknown'} at {record.since}: {reason}")
+        return self._devices_of(record.gpu)
 
     def current(self) -> list[Release]:
         """What this daemon holds released now."""

@@ -12,12 +12,17 @@ from collections.abc import Sequence
 from driver.config import Config
 from driver.health import effects_for, parse_taint_effects
 from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.gpu_policy import APPLICATION_XIDS, RESET_XIDS, GpuHealthPolicy
 from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
 from driver.model import DeviceKind
 
 Monitor = GpuHealthMonitor | NicHealthMonitor
+
+# The XIDs `/metrics` names one by one: those the policy knows by number (application and reset
+# XIDs) and 94, contained ECC; any other is counted as "other", so a driver that reports new or
+# garbage numbers cannot grow the series without bound.
+KNOWN_XIDS = APPLICATION_XIDS | RESET_XIDS | {94}
 
 
 def build_monitors(cfg: Config, inventory: Inventory) -> list[Monitor]:
@@ -56,4 +61,15 @@ def health_counters(monitors: Sequence[Monitor]) -> dict[str, int]:
             out.update({"nvml_probes": c.probes, "nvml_errors": c.errors, "nvml_single_bit_ecc": c.single_bit_ecc})
         else:
             out.update({f"nic_{k}": v for k, v in m.counters().items()})
+    return out
+
+
+def xid_counts(monitors: Sequence[Monitor]) -> dict[str, int]:
+    """XIDs seen by the GPU monitor, by label value: a known XID's number, or "other"."""
+    out: dict[str, int] = {}
+    for m in monitors:
+        if isinstance(m, GpuHealthMonitor):
+            for xid, n in m.counters().xids.items():
+                label = str(xid) if xid in KNOWN_XIDS else "other"
+                out[label] = out.get(label, 0) + n
     return out

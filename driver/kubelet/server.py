@@ -13,10 +13,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import stat
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import grpc
 
@@ -24,7 +22,7 @@ from driver.claims.prepare import Preparer
 from driver.kubelet.api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from driver.kubelet.health import HealthBroadcaster, add_health_services
 from driver.kubelet.registration import RegistrationServicer, check_socket_path, grpc_unix_address
-from driver.kubelet.service import add_dra_services
+from driver.kubelet.service import CallMetrics, add_dra_services
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +68,9 @@ class KubeletServer:
     def serving(self) -> bool:
         return self._server is not None
 
-    def start(self, preparer: Preparer, health: HealthBroadcaster, observe: Callable[..., Any]) -> None:
+    def start(self, preparer: Preparer, health: HealthBroadcaster, metrics: CallMetrics) -> None:
         server = grpc.server(ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="kubelet-grpc"))
-        services = add_dra_services(server, preparer, observe)
+        services = add_dra_services(server, preparer, metrics)
         services += add_health_services(server, health)
         self.registration = RegistrationServicer(self.driver_name, self.dra_socket, services)
         reg_grpc.add_RegistrationServicer_to_server(self.registration, server)

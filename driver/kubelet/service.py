@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
+from typing import Protocol
 
 import grpc
 
@@ -35,28 +37,43 @@ def _refs(request: PrepareRequest | UnprepareRequest) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
-# observe(op, seconds, claims, errors): feeds the prepare/unprepare metrics.
-Observe = Callable[[str, float, int, int], None]
+class CallMetrics(Protocol):
+    """What counts the kubelet's calls (`driver.metrics.Metrics`)."""
+
+    def in_flight(self, op: str) -> AbstractContextManager[object]:
+        """Held while a call of `op` runs."""
+
+    def observe(self, op: str, seconds: float, claims: int, errors: Sequence[str]) -> None:
+        """One finished call; `errors` has one entry per failed claim: its error's kind, or "" where
+        the path does not say (unprepare)."""
 
 
-def _ignore(op: str, seconds: float, claims: int, errors: int) -> None:
-    return None
+class _Ignore:
+    def in_flight(self, op: str) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def observe(self, op: str, seconds: float, claims: int, errors: Sequence[str]) -> None:
+        return None
+
+
+NO_METRICS = _Ignore()
 
 
 class _DRAPluginBase:
     pb2: ModuleType
     with_share_id: bool
 
-    def __init__(self, preparer: Preparer, observe: Observe = _ignore) -> None:
+    def __init__(self, preparer: Preparer, metrics: CallMetrics = NO_METRICS) -> None:
         self._preparer = preparer
-        self._observe = observe
+        self._metrics = metrics
 
     def NodePrepareResources(self, request: PrepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
         t0 = time.monotonic()
-        results = self._preparer.prepare(refs, alive=context.is_active)
-        errors = sum(1 for r in results.values() if r.error)
-        self._observe("prepare", time.monotonic() - t0, len(refs), errors)
+        with self._metrics.in_flight("prepare"):
+            results = self._preparer.prepare(refs, alive=context.is_active)
+        errors = [r.error_kind or "other" for r in results.values() if r.error]
+        self._metrics.observe("prepare", time.monotonic() - t0, len(refs), errors)
         resp = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = resp.claims[uid]
@@ -77,8 +94,9 @@ class _DRAPluginBase:
     def NodeUnprepareResources(self, request: UnprepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
         t0 = time.monotonic()
-        errors = self._preparer.unprepare(refs)
-        self._observe("unprepare", time.monotonic() - t0, len(refs), sum(1 for e in errors.values() if e))
+        with self._metrics.in_flight("unprepare"):
+            errors = self._preparer.unprepare(refs)
+        self._metrics.observe("unprepare", time.monotonic() - t0, len(refs), ["" for e in errors.values() if e])
         resp = self.pb2.NodeUnprepareResourcesResponse()
         for uid, error in errors.items():
             resp.claims[uid].error = error
@@ -95,8 +113,8 @@ class DRAPluginV1beta1(_DRAPluginBase, v1beta1_grpc.DRAPluginServicer):
     with_share_id = False
 
 
-def add_dra_services(server: grpc.Server, preparer: Preparer, observe: Observe = _ignore) -> list[str]:
+def add_dra_services(server: grpc.Server, preparer: Preparer, metrics: CallMetrics = NO_METRICS) -> list[str]:
     """Registers both DRAPlugin versions; returns the strings GetInfo must advertise for them."""
-    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer, observe), server)
-    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer, observe), server)
+    v1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1(preparer, metrics), server)
+    v1beta1_grpc.add_DRAPluginServicer_to_server(DRAPluginV1beta1(preparer, metrics), server)
     return list(DRA_SERVICES)

@@ -17,6 +17,7 @@ from driver.backoff import Backoff
 from driver.discovery.gpu import GpuDiscovery
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.gpu_resets import ResetEvidence
 from driver.inventory import Inventory
 from driver.model import Health, TaintEffect
 from driver.node.nvml import NVML_ACCESS, NvmlDoor, NvmlError, NvmlReleased, NvmlUnavailable
@@ -425,6 +426,41 @@ def test_a_driver_without_the_recovery_action_keeps_the_xid_catalog(node: Callab
     n.probe()
     assert n.taints("gpu-0") == {("tandem.dev/xid", "94", TaintEffect.NO_SCHEDULE)}
     assert n.ready().counters().errors == 0  # not supported is not an error
+
+
+def test_a_reset_xid_without_a_recovery_action_holds_until_evidence_of_a_reset(
+    node: Callable[[NodeProfile], Node],
+) -> None:
+    profile = h100_node(gpus=2, nics=0)
+    for gpu in profile.gpus:
+        gpu.recovery_action = None  # an older driver: nothing will ever say the GPU was repaired
+    n = node(profile)
+    evidence = ResetEvidence()
+    n.start(evidence=evidence)
+    n.ready()
+    held = ("tandem.dev/xid", "79", TaintEffect.NO_EXECUTE)
+    n.event(1, XID, 79)
+    n.event(0, XID, 94)  # not reset-class: its quiet period is right, and shows when one has passed
+    wait_for("both taints", lambda: held in n.taints("gpu-1") and bool(n.taints("gpu-0")))
+    assert "tandemctl clear" in n.inventory.get("gpu-1").health_message  # type: ignore[union-attr]
+    n.clock.advance(3600)
+    n.probe()
+    wait_for("the other XID's quiet period to end", lambda: n.taints("gpu-0") == set())
+    assert n.taints("gpu-1") == {held}  # no reset yet: still NoExecute
+
+    n.profile.gpus[1].lost = True  # off the bus, then back: NVML says lost until a reset
+    n.write()
+    n.probe()
+    assert ("tandem.dev/gpu-lost", "", TaintEffect.NO_EXECUTE) in n.taints("gpu-1")
+    n.profile.gpus[1].lost = False
+    n.write()
+    n.probe()
+    assert n.taints("gpu-1") == set()
+
+    n.event(1, XID, 48)
+    wait_for("the double-bit ECC XID", lambda: ("tandem.dev/xid", "48", TaintEffect.NO_EXECUTE) in n.taints("gpu-1"))
+    evidence.report(n.profile.gpus[1].uuid, "tandemctl clear by an SRE")  # or a reacquire
+    wait_for("the evidence", lambda: n.taints("gpu-1") == set())
 
 
 # --- letting go of NVML: tandemctl release -------------------------------------------------------

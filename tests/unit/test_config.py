@@ -120,7 +120,7 @@ BAD_ENVIRONMENT = {
     "EXCLUDE_NICS": ("eth 0", "--exclude-nics: 'eth 0' is not a netdev name or glob"),
     "DYNAMIC_MIG": ("gpu-3", "--dynamic-mig: 'gpu-3' is not 'all', a GPU minor number or a GPU UUID"),
     "NIC_LINK_SOURCE": ("pigeon", "argument --nic-link-source (from NIC_LINK_SOURCE='pigeon'): 'pigeon' is not one of"),
-    "NIC_SHARES": ("0", "--nic-shares 0 must be 1 to 1000"),
+    "NIC_SHARES": ("2000", "--nic-shares 2000 must be 1 to 1000 (from NIC_SHARES='2000')"),
     "VERBOSITY": ("x", "argument -v/--verbose/--v (from VERBOSITY='x'): 'x' is not a verbosity level"),
     "LOG_FORMAT": ("xml", "argument --log-format (from LOG_FORMAT='xml'): 'xml' is not one of: text, json"),
 }
@@ -153,6 +153,16 @@ def test_a_bad_environment_value_is_a_one_line_error_with_exit_code_2(name, monk
     assert exit_.value.code == 2
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], lines
+    assert f"{name}={value!r}" in lines[0], "the error names the variable that set the bad value"
+
+
+def test_a_bad_command_line_value_names_no_variable_even_when_the_variable_is_set(monkeypatch, capsys):
+    """The command line wins over the environment: the error blames the flag, not NIC_SHARES."""
+    _clean_environment(monkeypatch)
+    monkeypatch.setenv("NIC_SHARES", "8")
+    with pytest.raises(SystemExit):
+        driver_main(["run", "--node-name", "n1", "--nic-shares", "2000"])
+    assert capsys.readouterr().err.strip().endswith("--nic-shares 2000 must be 1 to 1000")
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 
 import driver
 from driver import errors
-from driver.errors import TandemError, translating
+from driver.errors import TandemError, error_kind, translating
 
 # One line of the drawing: the tree's box characters, a name, then `kind "x"` on a branch's line.
 LINE = re.compile(r"^    (?P<indent>[│├└─ ]*)(?P<name>[A-Za-z_.]+)(?:\s+kind \"(?P<kind>\w+)\")?")
@@ -96,3 +96,26 @@ def test_a_translated_call_raises_tandems_error_chained_to_the_librarys() -> Non
     with pytest.raises(errors.NodeError, match="door: negative") as caught:
         call(-1)
     assert isinstance(caught.value.__cause__, LibraryError)
+
+
+def test_an_error_counts_by_its_causes_kind_where_that_is_tandems() -> None:
+    """Prepare wraps a broken device in a ClaimError (kind config): counted as config, a failed
+    GPU would read as a tenant's typo and never page on-call."""
+    from driver.claims.allocation import ClaimError
+
+    try:
+        try:
+            raise errors.DeviceError("MIG device not made")
+        except errors.DeviceError as e:
+            raise ClaimError("claim ns/c cannot be prepared") from e
+    except ClaimError as wrapped:
+        assert error_kind(wrapped) == "device"
+    try:
+        try:
+            raise ValueError("not Tandem's")
+        except ValueError as e:
+            raise ClaimError("bad spec") from e
+    except ClaimError as wrapped:
+        assert error_kind(wrapped) == "config", "a foreign cause leaves the error's own kind"
+    assert error_kind(ClaimError("typo")) == "config"
+    assert error_kind(KeyError("a bug")) == "other"

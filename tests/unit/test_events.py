@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from waiting import poll, wait_for
 
 from driver import events as events_module
+from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.events import NOTE_LIMIT, EventRecorder
 from driver.inventory import Inventory
 from driver.kube.api import ApiError, KubeAPI
@@ -26,7 +27,7 @@ UID = "0f1e2d3c-4b5a-4678-9abc-def012345678"
 
 @contextlib.contextmanager
 def _running(
-    tmp_path: Path, clock: Callable[[], float] = time.time
+    tmp_path: Path, clock: Callable[[], float] = time.time, claims: Callable[[], Mapping[str, ClaimRecord]] = dict
 ) -> Iterator[tuple[SimApiServer, KubeAPI, Inventory, EventRecorder]]:
     with SimApiServer() as srv:
         srv.add_node(NODE)
@@ -34,7 +35,7 @@ def _running(
         api = KubeAPI(str(tmp_path / "kubeconfig"))
         inventory = Inventory()
         inventory.replace("gpu", [Device("gpu-0", DeviceKind.GPU), Device("gpu-1", DeviceKind.GPU)])
-        recorder = EventRecorder(api, DRIVER, NODE, inventory.devices, clock)
+        recorder = EventRecorder(api, DRIVER, NODE, inventory.devices, clock, claims=claims)
         inventory.subscribe(recorder.inventory_changed)
         recorder.start()
         yield srv, api, inventory, recorder
@@ -167,3 +168,70 @@ def test_an_unreachable_api_server_drops_events_and_never_raises() -> None:
         assert poll(lambda: recorder.dropped == 1)
     finally:
         recorder.stop()
+
+
+def _held(device: str) -> dict[str, ClaimRecord]:
+    """A claim of team-a prepared with `device`, as the checkpoint reads."""
+    return {UID: ClaimRecord("team-a", "train-0", UID, devices=(DeviceRecord(("gpu",), NODE, device),))}
+
+
+def test_a_health_change_is_also_an_event_on_each_claim_holding_the_device(tmp_path: Path) -> None:
+    """The pod's owner reads events in the pod's namespace, not the Node's in `default`."""
+    with _running(tmp_path, claims=lambda: _held("gpu-1")) as (srv, _, inventory, _):
+        inventory.set_conditions("gpu-health", "gpu-0", [_xid("gpu-0")])  # held by nobody: the Node's only
+        inventory.set_conditions("gpu-health", "gpu-1", [_xid("gpu-1")])
+        (event,) = wait_for("the claim's event", lambda: _events(srv, "team-a"))
+        assert event["regarding"] == {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "train-0", "namespace": "team-a",
+            "uid": UID,
+        }  # fmt: skip
+        assert (event["type"], event["reason"]) == ("Warning", "DeviceUnhealthy") and "XID 79" in event["note"]
+        assert poll(lambda: len([e for e in _events(srv, "default") if e["reason"] == "DeviceUnhealthy"]) == 2)
+        inventory.set_conditions("gpu-health", "gpu-1", [])
+        healthy = wait_for("healthy", lambda: [e for e in _events(srv, "team-a") if e["reason"] == "DeviceHealthy"])
+        assert healthy[0]["note"] == "gpu-1 is healthy again"
+
+
+def test_the_claims_events_are_rate_limited_as_every_objects(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(events_module, "BURST", 1)
+    with _running(tmp_path, claims=lambda: _held("gpu-1")) as (srv, _, inventory, recorder):
+        for seen, conditions in ((2, [_xid("gpu-1")]), (4, []), (6, [_xid("gpu-1")])):
+            inventory.set_conditions("gpu-health", "gpu-1", conditions)  # one event on the Node, one on the claim
+            assert poll(lambda seen=seen: recorder.sent + recorder.dropped == seen)
+        assert (recorder.sent, recorder.dropped) == (2, 4)
+        assert [e["reason"] for e in _events(srv, "team-a")] == ["DeviceUnhealthy"]
+
+
+def test_claims_that_cannot_be_read_cost_the_claims_events_only(tmp_path: Path) -> None:
+    def broken() -> dict[str, ClaimRecord]:
+        raise OSError("checkpoint unreadable")
+
+    with _running(tmp_path, claims=broken) as (srv, _, inventory, _):
+        inventory.set_conditions("gpu-health", "gpu-1", [_xid("gpu-1")])
+        assert wait_for("the Node's event", lambda: _events(srv, "default"))[0]["reason"] == "DeviceUnhealthy"
+
+
+def test_a_device_leaving_the_published_set_is_an_event_on_the_node(setup) -> None:
+    srv, _, inventory, _ = setup
+    inventory.replace("gpu", [Device("gpu-0", DeviceKind.GPU)])
+    (event,) = wait_for("DeviceRemoved", lambda: _events(srv, "default"))
+    assert (event["type"], event["reason"], event["note"]) == (
+        "Warning",
+        "DeviceRemoved",
+        "gpu-1 is no longer published",
+    )
+    assert event["regarding"]["kind"] == "Node"
+
+
+def test_the_last_failure_of_each_claim_is_remembered_bounded(setup, monkeypatch) -> None:
+    _, _, _, recorder = setup
+    monkeypatch.setattr(events_module, "BUCKETS", 2)
+    uids = [f"{i}f1e2d3c-4b5a-4678-9abc-def012345678" for i in range(3)]
+    recorder.claim_failed("ns", "a", uids[0], "a1")
+    recorder.claim_failed("ns", "b", uids[1], "b1")
+    recorder.claim_failed("ns", "a", uids[0], "a2")  # a is now the newest: b goes first
+    recorder.claim_failed("ns", "c", uids[2], "c1")
+    assert [(f.name, f.error) for f in recorder.failures()] == [("a", "a2"), ("c", "c1")]
+    assert recorder.last_failure(uids[1]) is None
+    failure = recorder.last_failure(uids[0])
+    assert failure is not None and (failure.namespace, failure.name, failure.error) == ("ns", "a", "a2")

@@ -8,11 +8,13 @@ either side that the other does not follow fails here and not on a cluster.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import textwrap
 from collections.abc import Callable, Iterator
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -20,7 +22,20 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from driver.claims.opaque_config import opaque_entries, resolve
+from driver.claims.opaque_config import (
+    _CLASS_ONLY,
+    _FIELDS,
+    _IFNAME,
+    _JSON_TYPES,
+    API_VERSION,
+    MAX_ADDRESSES,
+    MAX_MTU,
+    MAX_ROUTES,
+    MIN_MTU,
+    MIN_MTU_IPV6,
+    opaque_entries,
+    resolve,
+)
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
 from driver.discovery.nic_device import SHARES
@@ -547,10 +562,19 @@ def test_rbac_grants_nothing_cluster_wide_beyond_the_driver() -> None:
     }
 
 
+SLICES_POLICY, CLAIMS_POLICY = "tandem-driver-own-node-slices", "tandem-opaque-config"
+
+
+def _policy_and_binding(name: str) -> tuple[Doc, Doc]:
+    """The ValidatingAdmissionPolicy `name` and the one binding that binds it, denying."""
+    (policy,) = [d for d in _of_kind(INSTALL, "ValidatingAdmissionPolicy") if d["metadata"]["name"] == name]
+    (binding,) = [d for d in _of_kind(INSTALL, "ValidatingAdmissionPolicyBinding") if d["spec"]["policyName"] == name]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    return policy, binding
+
+
 def test_admission_policy_restricts_the_drivers_service_account_to_its_node() -> None:
-    policy = _one(INSTALL, "ValidatingAdmissionPolicy")
-    binding = _one(INSTALL, "ValidatingAdmissionPolicyBinding")
-    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    policy, binding = _policy_and_binding(SLICES_POLICY)
     assert binding["spec"]["validationActions"] == ["Deny"]
     rule = policy["spec"]["matchConstraints"]["resourceRules"][0]
     assert rule["resources"] == ["resourceslices"]
@@ -570,7 +594,7 @@ def test_admission_policy_pins_the_slices_driver_to_this_one(daemon_config: Conf
     No CEL evaluator runs here (the simulated API server does not evaluate admission policies):
     the expressions are pinned as written; the real cluster's API server evaluates them in
     tests/cluster/test_daemonset.py."""
-    spec = _one(INSTALL, "ValidatingAdmissionPolicy")["spec"]
+    spec = _policy_and_binding(SLICES_POLICY)[0]["spec"]
     variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
     assert variables["objectDriver"] == (
         '(request.operation == "DELETE" ? oldObject : object).spec.?driver.orValue("")'
@@ -584,6 +608,58 @@ def test_admission_policy_pins_the_slices_driver_to_this_one(daemon_config: Conf
         f'variables.objectDriver == "{driver}" && variables.oldDriver == "{driver}"'
     )
     assert "may not modify ResourceSlices of driver" in pin["messageExpression"]
+
+
+def _claims_policy_variables() -> dict[str, str]:
+    spec = _policy_and_binding(CLAIMS_POLICY)[0]["spec"]
+    return {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+
+
+def test_claims_policy_checks_this_drivers_config_in_claims_and_templates(daemon_config: Config) -> None:
+    """Both kinds a user writes config in, on CREATE and UPDATE, in every served version; the
+    field named as the user wrote it in each (a template's spec is one level deeper).
+
+    The expressions are evaluated by a real API server in tests/cluster/test_admission.py."""
+    policy, _ = _policy_and_binding(CLAIMS_POLICY)
+    (rule,) = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rule["apiGroups"] == ["resource.k8s.io"] and rule["apiVersions"] == ["*"]
+    assert set(rule["resources"]) == {"resourceclaims", "resourceclaimtemplates"}
+    assert set(rule["operations"]) == {"CREATE", "UPDATE"}
+    variables = _claims_policy_variables()
+    assert variables["isTemplate"] == 'request.resource.resource == "resourceclaimtemplates"'
+    assert "object.spec.?spec.?devices.?config" in variables["configs"]
+    assert "object.spec.?devices.?config" in variables["configs"]
+    tandem = f'c.?opaque.?driver.orValue("") == "{daemon_config.driver_name}"'
+    assert tandem in variables["where"] and tandem in variables["params"]
+    assert (
+        '(variables.isTemplate ? "spec.spec" : "spec") + ".devices.config[" + string(i) + "].opaque.parameters"'
+        in (variables["where"])
+    )
+    # An UPDATE that leaves the spec alone (a finalizer) must pass for a claim written before the policy.
+    (unchanged,) = policy["spec"]["matchConditions"]
+    assert unchanged["expression"] == 'request.operation == "CREATE" || object.spec != oldObject.spec'
+
+
+def test_claims_policy_knows_the_fields_and_words_prepare_knows() -> None:
+    """The policy repeats prepare's schema (driver/claims/opaque_config.py) in CEL: the same kinds,
+    fields, JSON types, words, limits, interface-name pattern and class-only fields, so that what
+    one refuses the other refuses too. A field added on one side only fails here."""
+    variables = _claims_policy_variables()
+    fields = json.loads(variables["fields"])
+    assert fields == {
+        kind: {name: _JSON_TYPES[str if issubclass(typ, StrEnum) else typ] for name, (_attr, typ) in spec.items()}
+        for kind, spec in _FIELDS.items()
+    }
+    words = {name: [m.value for m in typ] for spec in _FIELDS.values() for name, (_a, typ) in spec.items()
+             if issubclass(typ, StrEnum)}  # fmt: skip
+    assert json.loads(variables["words"]) == words
+    assert f'"{API_VERSION}"' in variables["typed"]
+    nic = variables["nicErrors"]
+    assert f'matches("^{_IFNAME.pattern}$")' in nic
+    assert f"> {MAX_ADDRESSES} ?" in nic and f"> {MAX_ROUTES} ?" in nic
+    assert f"p.mtu < {MIN_MTU} || p.mtu > {MAX_MTU}" in nic and f"p.mtu < {MIN_MTU_IPV6}" in nic
+    for kind, name in _CLASS_ONLY:
+        assert f'p.kind == "{kind}" && "{name}" in p' in variables["fieldErrors"]
 
 
 def test_device_class_selectors_select_this_drivers_devices(daemon_config: Config) -> None:

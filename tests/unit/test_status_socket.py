@@ -8,21 +8,27 @@ import shutil
 import socket
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from driver import ctl
+from driver.claims.allocation import PrepareSettings
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
+from driver.claims.files import ClaimFiles
+from driver.claims.metadata import MetadataWriter
 from driver.claims.vocabulary import PrepareState
+from driver.events import EventRecorder
 from driver.health.cordon import CordonStore
 from driver.health.gpu_release import GpuReleases
 from driver.inventory import Inventory
+from driver.kube.api import KubeAPI
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, GpuInfo, TaintEffect
 from driver.node.nvml import NvmlAccess
+from driver.status_docs import ClaimFacts
 from driver.status_socket import MAX_BODY, StatusServer
 from sim.nvml import fake_pynvml_in_process, write_state
 from sim.profile import h100_node
@@ -32,6 +38,7 @@ GPU0 = Device(
     kind=DeviceKind.GPU,
     attributes={
         "productName": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-aaaa",
         NUMA_NODE: 0,
         PCIE_ROOT: "pci0000:15",
         PCI_BUS_ID: "0000:1b:00.0",
@@ -52,8 +59,15 @@ GPU1 = Device(
 NIC0 = Device(
     name="nic-0000-1d-00-0",
     kind=DeviceKind.NIC,
-    attributes={"ifName": "ens1f0np0", NUMA_NODE: 0, PCIE_ROOT: "pci0000:15", PCI_BUS_ID: "0000:1d:00.0"},
+    attributes={
+        "ifName": "ens1f0np0",
+        "rdmaDevice": "mlx5_0",
+        NUMA_NODE: 0,
+        PCIE_ROOT: "pci0000:15",
+        PCI_BUS_ID: "0000:1d:00.0",
+    },
 )
+_PEER = f"uid {os.getuid()}, pid {os.getpid()}"  # the clients of these tests are this process
 XID = Condition("tandem.dev/xid", TaintEffect.NO_EXECUTE, "79", message="XID 79: GPU has fallen off the bus")
 
 
@@ -65,6 +79,7 @@ class Node:
     server: StatusServer
     prepared: dict[str, ClaimRecord] = field(default_factory=dict)
     info: dict[str, Any] = field(default_factory=dict)
+    events: EventRecorder | None = None  # its failed prepares are the claims' last errors
 
     def get(self, path: str) -> tuple[int, Any]:
         return ctl.request(self.sock, "GET", path, None, timeout=5)
@@ -88,6 +103,17 @@ def tmp_short() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+def _facts(
+    data_dir: Path, prepared: Callable[[], dict[str, ClaimRecord]] = dict, events: EventRecorder | None = None
+) -> ClaimFacts:
+    """The claims side of the socket: `prepared`, their files under `data_dir`, `events`' failures."""
+    settings = PrepareSettings("tandem.dev", "node-a", data_dir / "cdi", data_dir / "dev")
+    files = ClaimFiles(settings, MetadataWriter(data_dir, data_dir / "cdi", "tandem.dev"))
+    if events is None:
+        return ClaimFacts(prepared, files, lambda _uid: None, list)
+    return ClaimFacts(prepared, files, events.last_failure, events.failures)
+
+
 def _releases(data_dir: Path, inv: Inventory, access: NvmlAccess | None = None) -> GpuReleases:
     """Releases with NVML access of their own: the process-wide one is not these tests' to change."""
     return GpuReleases(data_dir, inv, access=access or NvmlAccess(), timeout=0.2)
@@ -105,15 +131,19 @@ def node(tmp_short: Path) -> Iterator[Node]:
     cordons = CordonStore(data_dir, inv)
     cordons.load()
     releases = _releases(data_dir, inv)
-    server = StatusServer(data_dir / "status.sock", inv, lambda: prepared, cordons, releases, lambda: info)
+    events = EventRecorder(cast(KubeAPI, None), "tandem.dev", "node-a", list)  # never started: remembers only
+    facts = _facts(data_dir, lambda: prepared, events)
+    server = StatusServer(data_dir / "status.sock", inv, facts, cordons, releases, lambda: info)
     server.start()
-    yield Node(data_dir / "status.sock", tmp_short, inv, server, prepared, info)
+    yield Node(data_dir / "status.sock", tmp_short, inv, server, prepared, info, events)
     server.stop()
 
 
-def _claim(ns: str, name: str, *devices: str, state: str = "PrepareCompleted") -> ClaimRecord:
+def _claim(
+    ns: str, name: str, *devices: str, state: str = "PrepareCompleted", pods: tuple[str, ...] = ()
+) -> ClaimRecord:
     recs = tuple(DeviceRecord(request_names=("r",), pool="node-a", device=d) for d in devices)
-    return ClaimRecord(namespace=ns, name=name, uid=f"uid-{name}", state=state, devices=recs)
+    return ClaimRecord(namespace=ns, name=name, uid=f"uid-{name}", state=state, devices=recs, pods=pods)
 
 
 # --- the endpoint ------------------------------------------------------------------------------
@@ -142,8 +172,8 @@ def test_speaks_plain_http_1_1(node: Node) -> None:
 
 
 def test_devices(node: Node) -> None:
-    node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0")
-    node.prepared["u2"] = _claim("ml", "eval", "gpu-0")
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0", pods=("train-0",))
+    node.prepared["u2"] = _claim("ml", "eval", "gpu-0")  # recorded by an older release: no pods
     node.inventory.set_conditions("gpu", "gpu-1", [XID])
     status, doc = node.get("/devices")
     assert status == 200
@@ -153,6 +183,8 @@ def test_devices(node: Node) -> None:
         "name": "gpu-0",
         "kind": "gpu",
         "model": "NVIDIA H100 80GB HBM3",
+        "uuid": "GPU-aaaa",
+        "rdmaDevice": None,
         "numaNode": 0,
         "pcieRoot": "pci0000:15",
         "pciBusID": "0000:1b:00.0",
@@ -160,12 +192,14 @@ def test_devices(node: Node) -> None:
         "healthMessage": "",
         "taints": [],
         "claims": ["ml/eval", "ml/train"],
+        "pods": ["ml/train-0"],
     }
     assert by_name["gpu-1"]["health"] == "Unhealthy"
     assert by_name["gpu-1"]["healthMessage"] == XID.message
     assert by_name["gpu-1"]["taints"] == [{"key": "tandem.dev/xid", "value": "79", "effect": "NoExecute"}]
     assert by_name["nic-0000-1d-00-0"]["model"] == "ens1f0np0"
     assert by_name["nic-0000-1d-00-0"]["claims"] == ["ml/train"]
+    assert by_name["nic-0000-1d-00-0"]["rdmaDevice"] == "mlx5_0" and by_name["nic-0000-1d-00-0"]["uuid"] is None
 
 
 def test_claims(node: Node) -> None:
@@ -252,12 +286,12 @@ def test_no_devices_is_degraded(node: Node) -> None:
 def test_cordon_is_not_degradation_but_is_listed(node: Node) -> None:
     status, doc = node.post("/cordon", {"device": "gpu-0", "reason": "fan swap", "by": "alice"})
     assert status == 200
-    assert doc["cordon"]["device"] == "gpu-0" and doc["cordon"]["by"] == "alice"
+    assert doc["cordon"]["device"] == "gpu-0" and doc["cordon"]["by"] == f"alice ({_PEER})"
     assert node.taints("gpu-0") == [{"key": "tandem.dev/cordoned", "value": "manual", "effect": "NoSchedule"}]
     _, health = node.get("/health")
     assert health["status"] == "healthy"
     assert [(c["device"], c["reason"], c["by"], c["present"]) for c in health["cordoned"]] == [
-        ("gpu-0", "fan swap", "alice", True)
+        ("gpu-0", "fan swap", f"alice ({_PEER})", True)
     ]
 
     status, doc = node.post("/uncordon", {"device": "gpu-0"})
@@ -267,8 +301,13 @@ def test_cordon_is_not_degradation_but_is_listed(node: Node) -> None:
 
 
 def test_cordon_without_author_records_the_peer(node: Node) -> None:
+    """Under `kubectl exec` no name is set: the kernel's word on the client (SO_PEERCRED) is what is
+    known, and it is kept with any name given, which the client chose and may be anything."""
     _, doc = node.post("/cordon", {"device": "gpu-0", "reason": "x"})
-    assert doc["cordon"]["by"] == f"uid {os.getuid()}"
+    assert doc["cordon"]["by"] == _PEER
+    status, doc = node.post("/cordon", {"device": "gpu-1", "reason": "x", "by": "m" * 65})
+    assert (status, doc["error"]) == (400, "by is 65 characters, over the limit of 64")
+    assert node.post("/cordon", {"device": "gpu-1", "reason": "x", "by": "m" * 64})[0] == 200
 
 
 @pytest.mark.parametrize(
@@ -325,7 +364,7 @@ def test_stale_socket_is_replaced_and_stop_removes_it(tmp_short: Path) -> None:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stale:
         stale.bind(str(path))  # left behind by a killed daemon
     inv = Inventory()
-    server = StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict)
+    server = StatusServer(path, inv, _facts(tmp_short), CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict)
     server.start()
     try:
         assert ctl.request(path, "GET", "/devices", None, timeout=5) == (200, {"devices": []})
@@ -339,7 +378,7 @@ def test_refuses_to_replace_a_non_socket(tmp_short: Path) -> None:
     path.write_text("precious")
     inv = Inventory()
     with pytest.raises(RuntimeError, match="not a socket"):
-        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
+        StatusServer(path, inv, _facts(tmp_short), CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
     assert path.read_text() == "precious"
 
 
@@ -348,8 +387,12 @@ def test_stopping_old_instance_keeps_the_new_ones_socket(tmp_short: Path) -> Non
     path = tmp_short / "status.sock"
     old_inv, new_inv = Inventory(), Inventory()
     new_inv.replace("gpu", [GPU0])
-    old = StatusServer(path, old_inv, dict, CordonStore(tmp_short, old_inv), _releases(tmp_short, old_inv), dict)
-    new = StatusServer(path, new_inv, dict, CordonStore(tmp_short, new_inv), _releases(tmp_short, new_inv), dict)
+    old = StatusServer(
+        path, old_inv, _facts(tmp_short), CordonStore(tmp_short, old_inv), _releases(tmp_short, old_inv), dict
+    )
+    new = StatusServer(
+        path, new_inv, _facts(tmp_short), CordonStore(tmp_short, new_inv), _releases(tmp_short, new_inv), dict
+    )
     old.start()
     new.start()
     try:
@@ -365,14 +408,14 @@ def test_path_too_long_is_a_clear_error(tmp_short: Path) -> None:
     inv = Inventory()
     path = tmp_short / ("x" * 120) / "status.sock"
     with pytest.raises(RuntimeError, match="byte limit"):
-        StatusServer(path, inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
+        StatusServer(path, inv, _facts(tmp_short), CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict).start()
     # Fits, but not with the private directory it is bound in first.
     room = 107 - len(str(tmp_short / "status.sock").encode())
     parent = tmp_short / ("x" * (room - 1))
     parent.mkdir()
     with pytest.raises(RuntimeError, match="too long"):
         StatusServer(
-            parent / "status.sock", inv, dict, CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict
+            parent / "status.sock", inv, _facts(tmp_short), CordonStore(tmp_short, inv), _releases(tmp_short, inv), dict
         ).start()
     assert list(parent.iterdir()) == []
 
@@ -385,11 +428,21 @@ def test_ctl_devices_table(node: Node, capsys: pytest.CaptureFixture[str]) -> No
     node.inventory.set_conditions("gpu", "gpu-1", [XID])
     assert node.ctl("devices") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["DEVICE", "KIND", "MODEL/IFACE", "NUMA", "PCIE-ROOT", "HEALTH", "TAINTS", "CLAIM"]
+    assert lines[0].split() == [
+        "DEVICE",
+        "KIND",
+        "MODEL/IFACE",
+        "NUMA",
+        "PCIE-ROOT",
+        "HEALTH",
+        "TAINTS",
+        "CLAIM",
+        "POD",
+    ]
     rows = {line.split()[0]: line for line in lines[1:]}
     assert set(rows) == {"gpu-0", "gpu-1", "nic-0000-1d-00-0"}
-    assert "NVIDIA H100 80GB HBM3" in rows["gpu-0"] and rows["gpu-0"].endswith("ml/train")
-    assert rows["gpu-1"].split()[-3:] == ["Unhealthy", "tandem.dev/xid=79:NoExecute", "-"]
+    assert "NVIDIA H100 80GB HBM3" in rows["gpu-0"] and rows["gpu-0"].split()[-2:] == ["ml/train", "-"]
+    assert rows["gpu-1"].split()[-4:] == ["Unhealthy", "tandem.dev/xid=79:NoExecute", "-", "-"]
     assert "ens1f0np0" in rows["nic-0000-1d-00-0"]
     # Columns are aligned: every row's HEALTH column starts where the header's does.
     col = lines[0].index("HEALTH")
@@ -407,8 +460,8 @@ def test_ctl_claims_table(node: Node, capsys: pytest.CaptureFixture[str]) -> Non
     node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0")
     assert node.ctl("claims") == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].split() == ["CLAIM", "UID", "STATE", "DEVICES"]
-    assert lines[1].split() == ["ml/train", "u1", "PrepareCompleted", "gpu-0,nic-0000-1d-00-0"]
+    assert lines[0].split() == ["CLAIM", "UID", "STATE", "DEVICES", "PODS"]
+    assert lines[1].split() == ["ml/train", "u1", "PrepareCompleted", "gpu-0,nic-0000-1d-00-0", "-"]
 
 
 def test_ctl_health_exit_codes(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
@@ -439,7 +492,7 @@ def test_readiness_asks_the_status_socket(node: Node, tmp_short: Path) -> None:
 
 
 def test_ctl_health_unreachable_without_socket(tmp_short: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert ctl.main(["--kubelet-plugins-dir", str(tmp_short), "health"]) == 2
+    assert ctl.main(["--kubelet-plugins-dir", str(tmp_short), "health"]) == ctl.EXIT_UNREACHABLE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no daemon socket" in err and "Traceback" not in err
 
@@ -448,7 +501,7 @@ def test_ctl_unreachable_when_nobody_listens(tmp_short: Path, capsys: pytest.Cap
     path = tmp_short / "dead.sock"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(str(path))  # bound, never listening: connect is refused
-        assert ctl.main(["--socket", str(path), "devices"]) == 2
+        assert ctl.main(["--socket", str(path), "devices"]) == ctl.EXIT_UNREACHABLE
     assert "cannot talk to the daemon" in capsys.readouterr().err
 
 
@@ -457,7 +510,7 @@ def test_ctl_unreachable_on_timeout(tmp_short: Path, capsys: pytest.CaptureFixtu
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(str(path))
         s.listen(1)  # accepts the connection in the kernel, never answers
-        assert ctl.main(["--socket", str(path), "--timeout", "0.2", "health"]) == 2
+        assert ctl.main(["--socket", str(path), "--timeout", "0.2", "health"]) == ctl.EXIT_UNREACHABLE
     assert "no answer" in capsys.readouterr().err
 
 
@@ -465,7 +518,7 @@ def test_ctl_finds_socket_from_driver_name_and_plugins_dir(node: Node, monkeypat
     monkeypatch.setenv("KUBELET_PLUGINS_DIRECTORY_PATH", str(node.plugins_dir))
     monkeypatch.setenv("DRIVER_NAME", "tandem.dev")
     assert ctl.main(["health"]) == 0
-    assert ctl.main(["--driver-name", "other.dev", "health"]) == 2
+    assert ctl.main(["--driver-name", "other.dev", "health"]) == ctl.EXIT_UNREACHABLE
 
 
 def test_ctl_cordon_round_trip(node: Node, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -475,7 +528,7 @@ def test_ctl_cordon_round_trip(node: Node, capsys: pytest.CaptureFixture[str], m
     assert node.taints("nic-0000-1d-00-0") == [
         {"key": "tandem.dev/cordoned", "value": "manual", "effect": "NoSchedule"}
     ]
-    assert node.get("/health")[1]["cordoned"][0]["by"] == "carol"
+    assert node.get("/health")[1]["cordoned"][0]["by"] == f"carol ({_PEER})"
 
     assert node.ctl("devices") == 0
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nic-"))
@@ -506,7 +559,7 @@ def test_release_taints_degrades_and_reacquire_clears(node: Node) -> None:
     assert node.taints("nic-0000-1d-00-0") == []
     _, health = node.get("/health")
     assert health["status"] == "degraded" and any("nvidia-smi -r" in r for r in health["reasons"])
-    assert [(r["device"], r["gpu"], r["by"]) for r in health["released"]] == [("gpu-1", "GPU-bbbb", "alice")]
+    assert [(r["device"], r["gpu"], r["by"]) for r in health["released"]] == [("gpu-1", "GPU-bbbb", f"alice ({_PEER})")]
     assert "tandemctl reacquire gpu-1" in node.inventory.get("gpu-1").health_message  # type: ignore[union-attr]
 
     status, doc = node.post("/release", {"all": True, "reason": "driver upgrade"})
@@ -531,7 +584,7 @@ def test_a_release_that_did_not_let_go_in_time_is_503(tmp_short: Path) -> None:
     write_state(h100_node(gpus=1, nics=0), state)
     with fake_pynvml_in_process(state):
         held = access.init(Path("/"))  # a session nobody closes
-        server = StatusServer(tmp_short / "s.sock", inv, dict, CordonStore(tmp_short, inv),
+        server = StatusServer(tmp_short / "s.sock", inv, _facts(tmp_short), CordonStore(tmp_short, inv),
                               _releases(tmp_short, inv, access), dict)  # fmt: skip
         server.start()
         try:
@@ -550,7 +603,7 @@ def test_ctl_release_round_trip(
     assert node.ctl("release", "gpu-0", "--reason", "reset") == 0
     out = capsys.readouterr().out
     assert "gpu-0 released" in out and "tandemctl reacquire gpu-0" in out
-    assert node.get("/health")[1]["released"][0]["by"] == "carol"
+    assert node.get("/health")[1]["released"][0]["by"] == f"carol ({_PEER})"
     assert node.ctl("health") == 1
     assert node.ctl("reacquire", "gpu-0") == 0
     assert "gpu-0 reacquired" in capsys.readouterr().out
@@ -566,3 +619,102 @@ def test_ctl_release_round_trip(
     with pytest.raises(SystemExit) as usage:
         node.ctl("release", "gpu-0", "--all", "--reason", "x")
     assert usage.value.code == 2
+
+
+# --- the 3 a.m. questions ----------------------------------------------------------------------
+
+
+def test_ctl_wide_names_the_gpu_uuid_the_rdma_device_and_the_pods(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", "nic-0000-1d-00-0", pods=("train-0",))
+    assert node.ctl("devices", "-o", "wide") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[-4:] == ["CLAIM", "POD", "UUID/RDMA", "PCI-BUS-ID"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["gpu-0"][-4:] == ["ml/train", "ml/train-0", "GPU-aaaa", "0000:1b:00.0"]
+    assert rows["nic-0000-1d-00-0"][-4:] == ["ml/train", "ml/train-0", "mlx5_0", "0000:1d:00.0"]
+    assert node.ctl("claims") == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[-1] == "ml/train-0"
+
+
+def test_ctl_output_json_and_its_alias_print_the_endpoint_document(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", pods=("train-0",))
+    for flags in (["-o", "json"], ["--json"], ["--output", "json"]):
+        assert node.ctl("devices", *flags) == 0
+        assert json.loads(capsys.readouterr().out) == node.get("/devices")[1]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["devices", "-o", "yaml"], ["devices", "--json", "-o", "wide"], ["cordon", "gpu-0"], ["claim"], []],
+)
+def test_usage_errors_exit_2_apart_from_unhealthy_1_and_unreachable_3(
+    argv: list[str], tmp_short: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as e:
+        ctl.main(["--socket", str(tmp_short / "none.sock"), *argv])
+    assert e.value.code == ctl.EXIT_USAGE == 2
+    assert "usage:" in capsys.readouterr().err
+    assert len({ctl.EXIT_DEGRADED, ctl.EXIT_USAGE, ctl.EXIT_UNREACHABLE}) == 3
+
+
+def test_ctl_claim_tells_record_pods_files_status_and_last_error(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    uid = "0b6e0c02-3f0b-4a43-9a4e-5b8a1c2d3e4f"
+    node.prepared[uid] = ClaimRecord(
+        namespace="ml", name="train", uid=uid, pods=("train-0",),
+        devices=(DeviceRecord(("gpu",), "node-a", "gpu-0", ("tandem.dev/claim=gpu-0",)),),
+    )  # fmt: skip
+    assert node.events is not None
+    node.events.claim_failed("ml", "train", uid, "claim ml/train: not allocated on this node")
+    (node.plugins_dir / "tandem.dev" / "cdi").mkdir()
+    (node.plugins_dir / "tandem.dev" / "cdi" / f"k8s.tandem.dev-claim_{uid}.json").write_text("{}")
+    for key in (uid, "ml/train"):
+        status, doc = node.get(f"/claims/{key}")
+        assert status == 200
+        assert (doc["uid"], doc["state"], doc["pods"]) == (uid, "PrepareCompleted", ["ml/train-0"])
+        assert doc["status"] == [{"device": "gpu-0", "ready": True}]
+        assert doc["files"] == {"cdiSpec": True, "metadataSpecs": False, "metadataDir": False}
+        assert doc["lastError"]["error"] == "claim ml/train: not allocated on this node"
+    assert node.ctl("claim", "ml/train") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[:3] == [f"claim: ml/train (uid {uid})", "state: PrepareCompleted", "pods: ml/train-0"]
+    assert (
+        "  gpu-0: requests gpu, Ready" in out
+        and "files: cdiSpec present, metadataSpecs absent, metadataDir absent" in out
+    )
+    assert out[-1].startswith("last error: claim ml/train: not allocated on this node (at ")
+
+
+def test_a_claim_that_never_prepared_is_told_by_its_last_error_and_an_unknown_one_is_404(
+    node: Node, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The pod hangs in ContainerCreating: no record, but the failure is remembered."""
+    uid = "1b6e0c02-3f0b-4a43-9a4e-5b8a1c2d3e4f"
+    assert node.events is not None
+    node.events.claim_failed("ml", "eval", uid, "first error")
+    node.events.claim_failed("ml", "eval", uid, "unknown field 'sharingg'")
+    _, doc = node.get("/claims/ml/eval")
+    assert (doc["uid"], doc["state"], doc["devices"]) == (uid, "NotPrepared", [])
+    assert doc["lastError"]["error"] == "unknown field 'sharingg'"
+    assert node.ctl("claim", "ml/other") == ctl.EXIT_DEGRADED
+    assert "claim ml/other is not prepared on this node" in capsys.readouterr().err
+    status, doc = node.get("/claims/..%2Fetc")
+    assert (status, doc["error"]) == (400, "'../etc' is neither a claim UID nor NAMESPACE/NAME")
+
+
+def test_cordon_under_kubectl_exec_names_the_process(
+    node: Node, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No $USER, $LOGNAME or $SUDO_USER there: the daemon still says who (uid and pid)."""
+    for name in ("SUDO_USER", "LOGNAME", "USER"):
+        monkeypatch.delenv(name, raising=False)
+    assert node.ctl("cordon", "gpu-0", "--reason", "fan") == 0
+    assert node.get("/health")[1]["cordoned"][0]["by"] == _PEER
+    monkeypatch.setenv("LOGNAME", "dave")
+    assert node.ctl("cordon", "gpu-1", "--reason", "fan") == 0
+    assert node.get("/health")[1]["cordoned"][1]["by"] == f"dave ({_PEER})"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import multiprocessing
@@ -45,6 +46,23 @@ def test_fields_a_newer_release_added_are_kept_on_rewrite(tmp_path: Path):
     raw = json.loads((tmp_path / "checkpoint.json").read_text())
     assert raw["claims"]["u1"]["futureField"] == {"x": 1}
     assert set(raw["claims"]) == {"u1", "u2"}
+
+
+def test_the_pods_a_claim_was_prepared_for_are_kept_and_an_older_record_reads_with_none(tmp_path: Path):
+    """`pods` is an added field (no format version bump): written when set, absent from a record
+    an older release wrote, which reads back with no pods."""
+    (tmp_path / "checkpoint.json").write_text(json.dumps({
+        "version": 1, "bootID": "b",
+        "claims": {"old": {"namespace": "ns", "name": "c", "state": PrepareState.COMPLETED, "devices": []}},
+    }))  # fmt: skip
+    cp = Checkpoint(tmp_path, "b")
+    assert cp.read()["old"].pods == ()
+    with cp.transaction() as claims:
+        claims["u1"] = dataclasses.replace(_record(), pods=("train-0", "train-1"))
+    raw = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert raw["claims"]["u1"]["pods"] == ["train-0", "train-1"]
+    assert "pods" not in raw["claims"]["old"]
+    assert Checkpoint(tmp_path, "b").read()["u1"].pods == ("train-0", "train-1")
 
 
 def test_a_checkpoint_without_a_version_is_read_and_rewritten_at_the_current_one(tmp_path: Path):

@@ -45,14 +45,29 @@ def test_words_become_members_and_one_given_as_no_string_is_refused_by_its_json_
     cfg = resolve([gpu, _e({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive", "interfaceName": "net1"})], "r")
     assert cfg.gpu.sharing is Sharing.TIME_SLICING and cfg.gpu.time_slice_interval is TimeSliceInterval.LONG
     assert cfg.nic.mode is NicMode.EXCLUSIVE and cfg.nic.exclusive
-    with pytest.raises(
-        ConfigDecodeError, match=r"^config\[0\] \(FromClaim\): GpuConfig.sharing must be a str, got int$"
-    ):
+    with pytest.raises(ConfigDecodeError) as e:
         resolve([_e({"apiVersion": V, "kind": "GpuConfig", "sharing": 1})], "r")
-    with pytest.raises(
-        ConfigDecodeError, match=r"GpuConfig.sharing must be one of \['MPS', 'TimeSlicing'\], got 'mps'$"
-    ):
-        resolve([_e({"apiVersion": V, "kind": "GpuConfig", "sharing": "mps"})], "r")
+    assert str(e.value) == "spec.devices.config[0].opaque.parameters.sharing must be a string, got an integer"
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve([_e({"apiVersion": V, "kind": "GpuConfig", "sharing": "Time"})], "r")
+    assert str(e.value) == (
+        "spec.devices.config[0].opaque.parameters.sharing must be one of ['MPS', 'TimeSlicing'], got 'Time'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"kind": "GpuConfig", "sharing": "mps"}, ".sharing must be one of ['MPS', 'TimeSlicing'], got 'mps' (did you mean 'MPS'?)"),
+        ({"kind": "NicConfig", "mode": "Exclusive"}, ".mode must be one of ['shared', 'exclusive'], got 'Exclusive' (did you mean 'exclusive'?)"),
+        ({"kind": "GpuConfig", "pairnics": True}, ": unknown GpuConfig field 'pairnics' (did you mean 'pairNics'?)"),
+        ({"kind": "gpuConfig"}, ".kind must be one of ['GpuConfig', 'NicConfig'], got 'gpuConfig' (did you mean 'GpuConfig'?)"),
+    ],
+)  # fmt: skip
+def test_a_case_mistake_is_told_its_spelling(params, message):
+    with pytest.raises(ConfigDecodeError) as e:
+        resolve([_e({"apiVersion": V, **params}, index=2)], "r")
+    assert str(e.value) == f"spec.devices.config[2].opaque.parameters{message}"
 
 
 def test_request_scoping_includes_subrequests():
@@ -67,14 +82,14 @@ def test_request_scoping_includes_subrequests():
         ({"apiVersion": "v1", "kind": "NicConfig"}, "apiVersion must be"),
         ({"apiVersion": V, "kind": "TpuConfig"}, "kind must be one of"),
         ({"apiVersion": V, "kind": "NicConfig", "mdoe": "exclusive"}, "unknown NicConfig field 'mdoe'"),
-        ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusiv"}, "NicConfig.mode must be one of"),
-        ({"apiVersion": V, "kind": "NicConfig", "mad": "yes"}, "NicConfig.mad must be a bool"),
-        ({"apiVersion": V, "kind": "GpuConfig", "pairNics": 1}, "GpuConfig.pairNics must be a bool"),
+        ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusiv"}, r"parameters\.mode must be one of"),
+        ({"apiVersion": V, "kind": "NicConfig", "mad": "yes"}, r"parameters\.mad must be a boolean, got a string"),
+        ({"apiVersion": V, "kind": "GpuConfig", "pairNics": 1}, r"parameters\.pairNics must be a boolean"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "../../etc"}, "not a valid interface name"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "a" * 16}, "not a valid interface name"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": "eth0\n"}, "not a valid interface name"),
         ({"apiVersion": V, "kind": "NicConfig", "mode": "exclusive"}, "needs interfaceName"),
-        (["not", "an", "object"], "parameters must be an object"),
+        (["not", "an", "object"], r"config\[3\]\.opaque\.parameters must be an object, got a list"),
     ],
 )
 def test_bad_configs_name_the_field(params, match):
@@ -92,7 +107,9 @@ def test_mad_from_anywhere_but_a_device_class_fails_the_claim(source, value):
     ]
     with pytest.raises(ConfigDecodeError) as e:
         resolve(entries, "nic")  # even for a request the entry does not apply to
-    assert str(e.value).startswith(f"config[1] ({source}): NicConfig.mad is accepted only from DeviceClass")
+    assert str(e.value).startswith(
+        "spec.devices.config[1].opaque.parameters.mad is accepted only from DeviceClass configuration, not a claim"
+    )
     assert "subnet manager" in str(e.value)
 
 
@@ -110,7 +127,28 @@ def test_only_this_drivers_entries_are_taken():
             ]
         }
     }
-    assert opaque_entries(allocation, "tandem.dev") == [_e({}, requests=["nic"], index=1)]
+    assert opaque_entries(allocation, "tandem.dev") == [_e({}, requests=["nic"], index=0)]
+
+
+def test_a_claims_entry_is_numbered_as_the_claim_numbers_it():
+    """The allocation puts the classes' entries first: the claim's own first entry is its
+    config[0] however many come before it, and other drivers' entries still count."""
+    tandem = {"driver": "tandem.dev", "parameters": {"apiVersion": V, "kind": "GpuConfig", "sharing": "mps"}}
+    allocation = {
+        "devices": {
+            "config": [
+                {"source": "FromClass", "opaque": {"driver": "tandem.dev", "parameters": {}}},
+                {"source": "FromClass", "opaque": {"driver": "other.example.com", "parameters": {}}},
+                {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {}}},
+                {"source": "FromClaim", "opaque": tandem},
+            ]
+        }
+    }
+    class_entry, claim_entry = opaque_entries(allocation, "tandem.dev")
+    assert (class_entry.index, claim_entry.index) == (0, 1)
+    assert class_entry.where == "DeviceClass config[0].opaque.parameters"
+    with pytest.raises(ConfigDecodeError, match=r"^spec\.devices\.config\[1\]\.opaque\.parameters\.sharing "):
+        resolve([claim_entry], "r")
 
 
 def _nic(**fields):
@@ -140,8 +178,14 @@ def test_exclusive_ip_settings_are_decoded_canonically():
         ({"routes": [{"destination": "10.10.0.0/16", "via": "fd42::1"}]}, "different IP versions"),
         ({"routes": [{"to": "10.10.0.0/16"}]}, "destination"),
         # ipaddress would take numbers: 0.0.0.0/32 via 0.0.0.1
-        ({"routes": [{"destination": 0, "via": "10.9.0.1"}]}, r"routes\[0\]\.destination must be a string, got int"),
-        ({"routes": [{"destination": "10.10.0.0/16", "via": True}]}, r"routes\[0\]\.via must be a string, got bool"),
+        (
+            {"routes": [{"destination": 0, "via": "10.9.0.1"}]},
+            r"routes\[0\]\.destination must be a string, got an integer",
+        ),
+        (
+            {"routes": [{"destination": "10.10.0.0/16", "via": True}]},
+            r"routes\[0\]\.via must be a string, got a boolean",
+        ),
         ({"routes": [{"destination": "10.10.0.0/16", "via": None}]}, r"routes\[0\]\.via must be a string"),
         (
             {"addresses": ["10.9.0.5/24"], "routes": [{"destination": "10.10.0.0/16", "via": "10.8.0.1"}]},
@@ -149,7 +193,7 @@ def test_exclusive_ip_settings_are_decoded_canonically():
         ),
         ({"mtu": 67}, "mtu 67 must be 68"),
         ({"addresses": ["fd42::5/64"], "mtu": 1000}, "mtu 1000 must be 1280"),
-        ({"mtu": True}, "mtu must be a int"),
+        ({"mtu": True}, "mtu must be an integer, got a boolean"),
     ],
 )
 def test_bad_ip_settings_name_the_field(fields, match):
@@ -180,8 +224,8 @@ def _assert_safe(message: str) -> None:
         ({"apiVersion": V, "kind": "NicConfig", HOSTILE: 1}, "unknown NicConfig field '\\x1b[2J\\x1b[31mpwned\\nE0101"),
         ({"apiVersion": HOSTILE[:500], "kind": "NicConfig"}, "got '\\x1b[2J"),
         ({"apiVersion": V, "kind": HOSTILE[:500]}, "got '\\x1b[2J"),
-        ({"apiVersion": V, "kind": "NicConfig", "mode": HOSTILE[:500]}, "NicConfig.mode must be one of"),
-        ({"apiVersion": V, "kind": "GpuConfig", "sharing": HOSTILE[:500]}, "GpuConfig.sharing must be one of"),
+        ({"apiVersion": V, "kind": "NicConfig", "mode": HOSTILE[:500]}, "parameters.mode must be one of"),
+        ({"apiVersion": V, "kind": "GpuConfig", "sharing": HOSTILE[:500]}, "parameters.sharing must be one of"),
         ({"apiVersion": V, "kind": "NicConfig", "interfaceName": HOSTILE[:500]}, "not a valid interface name"),
         ({**_nic(addresses=[HOSTILE[:500]]).parameters}, "is not an address with a prefix length"),
         ({**_nic(routes=[{"destination": HOSTILE[:500]}]).parameters}, "too long for an address or network"),
@@ -223,7 +267,7 @@ def test_parameters_over_the_api_servers_limit_are_refused_unread():
     size before any of it is looked at or repeated."""
     with pytest.raises(ConfigDecodeError) as e:
         resolve([_e(_params_of(2**20))], "nic")
-    assert str(e.value) == f"config[0] (FromClaim): parameters of {2**20} bytes, at most {MAX_OPAQUE_PARAMETERS}"
+    assert str(e.value) == f"spec.devices.config[0].opaque.parameters is {2**20} bytes, at most {MAX_OPAQUE_PARAMETERS}"
 
 
 def test_the_limit_is_the_api_servers_own():
@@ -231,5 +275,5 @@ def test_the_limit_is_the_api_servers_own():
     fails on its unknown key), one byte more is refused by its size."""
     with pytest.raises(ConfigDecodeError, match="unknown NicConfig field"):
         resolve([_e(_params_of(MAX_OPAQUE_PARAMETERS))], "nic")
-    with pytest.raises(ConfigDecodeError, match=f"parameters of {MAX_OPAQUE_PARAMETERS + 1} bytes"):
+    with pytest.raises(ConfigDecodeError, match=f"parameters is {MAX_OPAQUE_PARAMETERS + 1} bytes"):
         resolve([_e(_params_of(MAX_OPAQUE_PARAMETERS + 1))], "nic")

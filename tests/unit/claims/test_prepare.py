@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from prepare_fakes import FakeAPI, make_preparer, render_host
 
 from driver.claims.allocation import ClaimError, ClaimRef, allocated_devices, validate_ref
 
@@ -74,3 +75,21 @@ def test_a_rejected_reference_is_shown_escaped_with_its_length(field):
         validate_ref(ClaimRef(**{**{"namespace": "ns", "name": "c", "uid": "u"}, field: value}))
     assert str(e.value).endswith("... (5004 characters)") and "'\\x1b[2J" in str(e.value)
     assert str(e.value).isprintable()
+
+
+def test_a_failed_prepare_says_whose_problem_it_was(tmp_path):
+    """What `tandem_prepare_errors_total{error_type}` counts: a claim naming a device this node
+    lacks, or an invalid reference, is the claim's (config); an API server that is down is "api"."""
+    host = render_host(tmp_path / "host")
+    api = FakeAPI()
+    p = make_preparer(tmp_path / "data", tmp_path / "cdi", api, "a", host)
+    try:
+        absent = api.add("default", "absent", "uid-absent", ("gpu", "gpu-99"))
+        bad = ClaimRef("NS", "c", "uid-bad")
+        results = p.prepare([absent, bad])
+        assert {uid: r.error_kind for uid, r in results.items()} == {absent.uid: "config", bad.uid: "config"}
+        api.down = True
+        fine = api.add("default", "fine", "uid-fine", ("gpu", "gpu-0"))
+        assert p.prepare([fine])[fine.uid].error_kind == "api"
+    finally:
+        p.close()

@@ -15,6 +15,7 @@ from prepare_fakes import DRIVER, FakeAPI, Host, make_preparer, nic_name, render
 
 import cdi
 from driver.claims.cdi_spec import PAIRS_ENV, claim_spec_filename
+from driver.claims.checkpoint import Checkpoint
 
 NETWORK_ENV = (PAIRS_ENV, "NCCL_IB_HCA", "UCX_NET_DEVICES")
 
@@ -83,3 +84,14 @@ def test_a_failing_claim_does_not_hold_back_the_others_and_a_retry_makes_them_co
             "UCX_NET_DEVICES": "mlx5_0:1",
         }
     )
+
+
+def test_the_record_names_the_pods_the_claim_is_reserved_for(prepared, tmp_path: Path):
+    """`tandemctl` answers "which pod holds this GPU" from the record: the pods of `reservedFor`
+    (not other consumers, not names that are no object names) are kept when the claim is prepared."""
+    api, p, _ = prepared
+    gpu = api.add("team-a", "gpu", "uid-gpu", ("gpu", "gpu-0"), pods=("train-0", "train-1"))
+    reserved = api.claims[("team-a", "gpu")]["status"]["reservedFor"]
+    reserved += [{"resource": "jobs", "name": "j", "uid": "u"}, {"resource": "pods", "name": "Bad\n", "uid": "v"}]
+    assert p.prepare([gpu])[gpu.uid].error == ""
+    assert Checkpoint(tmp_path / "data", "boot").read()[gpu.uid].pods == ("train-0", "train-1")

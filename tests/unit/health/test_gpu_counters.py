@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_counters import SharedCounters
+from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.monitors import xid_counts
+from driver.inventory import Inventory
 
 
 def test_events_count_by_type_and_xids_by_number() -> None:
@@ -24,3 +30,11 @@ def test_a_snapshot_is_not_changed_by_later_counts() -> None:
     c.event("xid", 13)
     c.count(probes=1)
     assert before.events == {"xid": 1} and before.xids == {13: 1} and before.probes == 0
+
+
+def test_xids_reach_metrics_by_known_number_and_the_rest_as_other(tmp_path: Path) -> None:
+    """A driver reporting new or garbage XID numbers cannot grow `/metrics` without bound."""
+    monitor = GpuHealthMonitor(Inventory(), GpuHealthPolicy(), driver_root=tmp_path)
+    for xid in (79, 79, 13, 94, 4242, 99999):
+        monitor._counters.event("xid", xid)
+    assert xid_counts([monitor]) == {"79": 2, "13": 1, "94": 1, "other": 2}

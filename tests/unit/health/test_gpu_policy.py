@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from driver.health import parse_taint_effects
+from driver.health.gpu_memory import EventRate
 from driver.health.gpu_policy import (
     APPLICATION_XIDS,
     MAX_XIDS_PER_SUBJECT,
     NO_INSTANCE,
-    EventRate,
     GpuDevices,
     GpuHealthPolicy,
     HealthState,
