@@ -55,10 +55,14 @@ class Tandem:
     def cdi_root(self) -> Path:
         return Path("/var/run/cdi")
 
+    def health(self) -> tuple[int, str]:
+        """`tandemctl health`: its exit code and what it printed."""
+        proc = subprocess.run([TANDEMCTL, "health"], capture_output=True, text=True, timeout=30)
+        return proc.returncode, proc.stdout + proc.stderr
+
     def healthy(self) -> bool:
         """Registered with the kubelet and serving, as `tandemctl health` judges it."""
-        proc = subprocess.run([TANDEMCTL, "health"], capture_output=True, timeout=30)
-        return proc.returncode == 0
+        return self.health()[0] == 0
 
     def start(self, *flags: str) -> None:
         self.flags = flags
