@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kube import (
+    REPO,
     Cluster,
     KubectlError,
     attribute,
@@ -205,12 +207,43 @@ def claim_events(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
     return json.loads(out)["items"]
 
 
-def test_claim_configs_with_control_characters_and_a_huge_key_are_refused_plainly(
-    cluster: Cluster, tandem, namespace: str, neighbour_ns: str
+CLAIMS_POLICY = "tandem-opaque-config"
+
+
+@pytest.fixture
+def without_claims_policy(cluster: Cluster) -> Iterator[None]:
+    """daemonset.yaml's admission policy on claim configs unbound for one test, as on a cluster
+    that lacks it (or where its CEL failed open): Tandem's own checks at prepare must then hold. The
+    binding comes back as daemonset.yaml has it."""
+    docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
+                  and d["metadata"]["name"] == CLAIMS_POLICY]  # fmt: skip
+    cluster.kubectl("delete", "validatingadmissionpolicybinding", CLAIMS_POLICY, "--ignore-not-found")
+    try:
+        yield
+    finally:
+        cluster.apply(binding)
+
+
+def test_the_admission_policy_refuses_a_hostile_claim_config_when_it_is_written(
+    cluster: Cluster, tandem, namespace: str
 ) -> None:
-    """A 1 MiB key never reaches Tandem: the API server refuses opaque parameters over 10 KiB (the
-    limit Tandem enforces again at prepare). The longest key it accepts, and one of control
-    characters, reach Tandem and are refused in messages that are escaped and bounded."""
+    """First the admission policy refuses such claims when they are written; without it (the next
+    layer) a 1 MiB key still never reaches Tandem: the API server refuses opaque parameters over
+    10 KiB (the limit Tandem enforces again at prepare). The longest key it accepts, and one of
+    control characters, reach Tandem and are refused in messages that are escaped and bounded."""
+    tandem.ensure()
+    bad = {"apiVersion": "tandem.dev/v1alpha1", "kind": "GpuConfig", "\x1b[31mred\nnewline\x07": True}
+    config = [{"requests": ["gpu"], "opaque": {"driver": "tandem.dev", "parameters": bad}}]
+    refused = claim_template("refused", [request("gpu", "gpu.tandem.dev")], config=config)
+    refused["metadata"]["namespace"] = namespace
+    with pytest.raises(KubectlError, match=CLAIMS_POLICY):
+        cluster.kubectl("create", "-f", "-", stdin=json.dumps(refused), timeout=60)
+
+
+def test_without_the_admission_policy_hostile_claim_configs_are_refused_plainly_at_prepare(
+    cluster: Cluster, tandem, without_claims_policy: None, namespace: str, neighbour_ns: str
+) -> None:
     tandem.ensure()
     gpu_config = {"apiVersion": "tandem.dev/v1alpha1", "kind": "GpuConfig"}
 
