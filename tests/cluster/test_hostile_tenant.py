@@ -218,11 +218,33 @@ def without_claims_policy(cluster: Cluster) -> Iterator[None]:
     docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
     (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding"
                   and d["metadata"]["name"] == CLAIMS_POLICY]  # fmt: skip
+    probe = claim_template(
+        "probe",
+        [request("gpu", "gpu.tandem.dev")],
+        config=[
+            {
+                "requests": ["gpu"],
+                "opaque": {
+                    "driver": "tandem.dev",
+                    "parameters": {"apiVersion": "tandem.dev/v1alpha1", "kind": "GpuConfig", "sharing": "x"},
+                },
+            }
+        ],
+    )
+
+    def admitted() -> bool:
+        """Whether a claim the policy refuses is admitted now (a dry run): a binding's change
+        reaches the API server's admission chain a moment after it is written."""
+        args = ("create", "--dry-run=server", "-n", "default", "-f", "-")
+        return cluster.kubectl(*args, stdin=json.dumps(probe), check=False, timeout=60) != ""
+
     cluster.kubectl("delete", "validatingadmissionpolicybinding", CLAIMS_POLICY, "--ignore-not-found")
     try:
+        wait_for("the claims policy out of force", admitted, timeout=60)
         yield
     finally:
         cluster.apply(binding)
+        wait_for("the claims policy in force again", lambda: not admitted(), timeout=60)
 
 
 def test_the_admission_policy_refuses_a_hostile_claim_config_when_it_is_written(
