@@ -154,6 +154,10 @@ class Config:
     link_debounce: float = 2.0
     # Claims one RoCE NIC may serve at once (consumable capacity `shares`; 1: not shared).
     nic_shares: int = DEFAULT_NIC_SHARES
+    # Binding conditions (`driver.claims.binding`): dynamic-MIG partitions made, and whole NICs
+    # checked, before the scheduler binds the pod; off, both happen at prepare as before.
+    mig_binding_conditions: bool = True
+    nic_binding_conditions: bool = False
 
     def as_log(self) -> str:
         """Every field as one JSON object, for the start-up log line: what the daemon runs with,

@@ -182,6 +182,12 @@ class EventRecorder:
                 self._failures.popitem(last=False)
         self._put(Occurrence(regarding, "Warning", "PrepareFailed", "PrepareResources", error))
 
+    def binding_failed(self, namespace: str, name: str, uid: str, error: str) -> None:
+        """A device of the claim could not be made ready before binding (`driver.claims.binding`):
+        the scheduler tries again, elsewhere; the claim's owner reads why here."""
+        regarding = Regarding("resource.k8s.io/v1", "ResourceClaim", name, uid, namespace)
+        self._put(Occurrence(regarding, "Warning", "BindingFailed", "MakeReadyForBinding", error))
+
     def last_failure(self, uid: str) -> ClaimFailure | None:
         with self._cond:
             return self._failures.get(uid)

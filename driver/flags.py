@@ -267,6 +267,28 @@ def add_run_flags(p: Parser) -> None:
     )
     _flag(
         p,
+        "--no-binding-conditions",
+        env="NO_BINDING_CONDITIONS",
+        default="false",
+        convert=_boolean,
+        action="store_const",
+        const=True,
+        help="make dynamic-MIG partitions at prepare, after the pod is bound, instead of before binding "
+        "(binding conditions: a failure then sends the pod to another GPU or node)",
+    )
+    _flag(
+        p,
+        "--nic-binding-conditions",
+        env="NIC_BINDING_CONDITIONS",
+        default="false",
+        convert=_boolean,
+        action="store_const",
+        const=True,
+        help="check a whole NIC (present, healthy, link up) before the scheduler binds its pod; "
+        "costs each such pod the scheduler's binding-condition poll (up to 5 s)",
+    )
+    _flag(
+        p,
         "--gpu-sharing",
         env="GPU_SHARING",
         default="",
@@ -343,6 +365,8 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         health_quiet_period=ns.health_quiet_period,
         link_debounce=ns.link_debounce,
         nic_shares=ns.nic_shares,
+        mig_binding_conditions=not ns.no_binding_conditions,
+        nic_binding_conditions=ns.nic_binding_conditions,
     ).validate()
     try:
         parse_taint_effects(config.taint_effects, config.driver_name)

@@ -175,6 +175,10 @@ class Device:
     # each consuming of its capacities by these policies (shared NICs).
     allow_multiple_allocations: bool = False
     request_policies: dict[str, RequestPolicy] = field(default_factory=dict)
+    # Binding conditions (`driver.claims.binding`): what must be True, or must not, in the
+    # claim's status before the scheduler binds the pod; published with `bindsToNode: true`.
+    binding_conditions: tuple[str, ...] = ()
+    binding_failure_conditions: tuple[str, ...] = ()
 
     def __hash__(self) -> int:
         return hash((self.name, self.kind))

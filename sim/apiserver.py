@@ -1,4 +1,4 @@
-"""A simulated Kubernetes API server for ResourceSlices, ResourceClaims, DeviceClasses and Nodes.
+"""A simulated Kubernetes API server for ResourceSlices, ResourceClaims, DeviceClasses, Nodes and Pods.
 
 The driver talks to it with the official `kubernetes` client through a generated kubeconfig, as to
 a real server, so everything here speaks real Kubernetes REST/JSON: metav1.Status errors with the
@@ -216,6 +216,16 @@ class SimApiServer:
     @consumable_capacity_enabled.setter
     def consumable_capacity_enabled(self, value: bool) -> None:
         self.store.consumable_capacity_enabled = value
+
+    @property
+    def binding_conditions_enabled(self) -> bool:
+        """False simulates the DRADeviceBindingConditions gate being off: a device's bindingConditions,
+        bindingFailureConditions and bindsToNode are dropped."""
+        return self.store.binding_conditions_enabled
+
+    @binding_conditions_enabled.setter
+    def binding_conditions_enabled(self, value: bool) -> None:
+        self.store.binding_conditions_enabled = value
 
     # --- in-process access ----------------------------------------------------------------------
 

@@ -72,6 +72,7 @@ class Store:
     device_taints_enabled: bool = True
     partitionable_devices_enabled: bool = True
     consumable_capacity_enabled: bool = True
+    binding_conditions_enabled: bool = True
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _objects: dict[str, dict[Key, dict[str, Any]]] = field(
         default_factory=lambda: {t.plural: {} for t in RESOURCE_TYPES}
@@ -492,6 +493,15 @@ class Store:
             for device in spec.get("devices") or []:
                 if isinstance(device, dict):
                     device.pop("consumesCounters", None)
+        old_uses_binding = any(
+            d.get("bindingConditions") or d.get("bindingFailureConditions") or d.get("bindsToNode") is not None
+            for d in old_spec.get("devices") or []
+        )
+        if not self.binding_conditions_enabled and not old_uses_binding:
+            for device in spec.get("devices") or []:  # the fields of DRADeviceBindingConditions, dropped with it off
+                if isinstance(device, dict):
+                    for binding_field in ("bindingConditions", "bindingFailureConditions", "bindsToNode"):
+                        device.pop(binding_field, None)
         old_uses_sharing = any(d.get("allowMultipleAllocations") for d in old_spec.get("devices") or [])
         if not self.consumable_capacity_enabled and not old_uses_sharing:
             for device in spec.get("devices") or []:  # the fields of DRAConsumableCapacity, dropped with it off

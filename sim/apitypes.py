@@ -59,6 +59,20 @@ RESOURCE_GROUP = "resource.k8s.io"
 
 RESOURCE_TYPES: tuple[ResourceType, ...] = (
     ResourceType("nodes", "Node", "", "v1", namespaced=False, subresources=("status",), short_names=("no",)),
+    # Pods, for what a DRA driver watches of them: the ones nominated to (or bound to) its node.
+    ResourceType(
+        "pods",
+        "Pod",
+        "",
+        "v1",
+        namespaced=True,
+        subresources=("status",),
+        short_names=("po",),
+        extra_fields={
+            "spec.nodeName": path_getter("spec", "nodeName"),
+            "status.nominatedNodeName": path_getter("status", "nominatedNodeName"),
+        },
+    ),
     # The events.k8s.io/v1 view of Events, the one the driver writes (a real server also serves the
     # core v1 view of the same objects; nothing here reads that).
     ResourceType(

@@ -46,6 +46,9 @@ MAX_COUNTER_CONSUMPTIONS = 2
 MAX_COUNTERS_PER_CONSUMPTION = 32
 MAX_DEVICE_CONDITIONS = 8
 MAX_NETWORK_IPS = 16
+MAX_BINDING_CONDITIONS = 4  # BindingConditionsMaxSize, and BindingFailureConditionsMaxSize
+MAX_CONDITION_REASON = 1024
+MAX_CONDITION_MESSAGE = 32 * 1024
 LIST_VALUE_FIELDS = ("ints", "bools", "strings", "versions")
 SCALAR_VALUE_FIELDS = ("int", "bool", "string", "version")
 TAINT_EFFECTS = ("None", "NoSchedule", "NoExecute")
@@ -54,6 +57,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _C_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CONDITION_REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 _LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -316,6 +320,7 @@ def _device_problems(path: str, device: dict[str, Any], per_device_nodes: bool) 
         value = taint.get("value")
         if value and (len(value) > 63 or not _LABEL_NAME.match(value)):
             problems.append(f"{path}.taints[{j}].value: Invalid value: {value!r}: must be a valid label value")
+    problems += binding_problems(path, device)
     own = [k for k in ("nodeName", "nodeSelector", "allNodes") if device.get(k) not in (None, False)]
     if per_device_nodes and len(own) != 1:
         problems.append(f"{path}: Invalid value: exactly one of `nodeName`, `nodeSelector`, `allNodes` is required")
@@ -432,6 +437,7 @@ def claim_status_problems(status: dict[str, Any]) -> list[str]:
     results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
     allocated = {device_status_key(r) for r in results}
     for i, result in enumerate(results):
+        problems += binding_problems(f"status.allocation.devices.results[{i}]", result)
         share = result.get("shareID")
         if share is not None and not _UID.match(str(share)):
             problems.append(
@@ -449,11 +455,7 @@ def claim_status_problems(status: dict[str, Any]) -> list[str]:
         conditions = entry.get("conditions") or []
         if len(conditions) > MAX_DEVICE_CONDITIONS:
             problems.append(f"{path}.conditions: Too many: must have at most {MAX_DEVICE_CONDITIONS} items")
-        for j, cond in enumerate(conditions):
-            if cond.get("status") not in ("True", "False", "Unknown"):
-                problems.append(f"{path}.conditions[{j}].status: Unsupported value: {cond.get('status')!r}")
-            if not re.match(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$", str(cond.get("reason", ""))):
-                problems.append(f"{path}.conditions[{j}].reason: Invalid value: {cond.get('reason')!r}")
+        problems += condition_problems(f"{path}.conditions", conditions)
         data = entry.get("data")
         if data is not None and not isinstance(data, dict):
             problems.append(f"{path}.data: Invalid value: must be a JSON object")
@@ -468,4 +470,77 @@ def claim_status_problems(status: dict[str, Any]) -> list[str]:
                 problems.append(
                     f"{path}.networkData.ips: Invalid value: {ip!r}: must be an IP address in canonical CIDR form"
                 )
+    return problems
+
+
+def condition_problems(path: str, conditions: list[Any]) -> list[str]:
+    """metav1.Condition rules (apimachinery's ValidateConditions): a qualified-name type, unique
+    in the list; a known status; a reason in CamelCase-like form; bounded reason and message."""
+    problems: list[str] = []
+    types: set[Any] = set()
+    for j, cond in enumerate(conditions):
+        at = f"{path}[{j}]"
+        if not isinstance(cond, dict):
+            problems.append(f"{at}: Invalid value: must be an object")
+            continue
+        kind = cond.get("type")
+        if kind in types:
+            problems.append(f"{at}: Duplicate value: {kind!r}")
+        types.add(kind)
+        problems += label_key_problems(f"{at}.type", kind)
+        if cond.get("status") not in ("True", "False", "Unknown"):
+            problems.append(
+                f'{at}.status: Unsupported value: {cond.get("status")!r}: supported values: "False", "True", "Unknown"'
+            )
+        if not isinstance(cond.get("observedGeneration", 0), int) or cond.get("observedGeneration", 0) < 0:
+            problems.append(f"{at}.observedGeneration: Invalid value: must be greater than or equal to zero")
+        if not cond.get("lastTransitionTime"):
+            problems.append(f"{at}.lastTransitionTime: Required value")
+        reason = str(cond.get("reason") or "")
+        if not reason:
+            problems.append(f"{at}.reason: Required value")
+        elif not _CONDITION_REASON.match(reason):
+            problems.append(
+                f"{at}.reason: Invalid value: {reason!r}: a condition reason must start with alphabetic "
+                "character, optionally followed by a string of alphanumeric characters or '_,:', and must "
+                "end with an alphanumeric character or '_'"
+            )
+        if len(reason) > MAX_CONDITION_REASON:
+            problems.append(f"{at}.reason: Too long: may not be more than {MAX_CONDITION_REASON} bytes")
+        if len(str(cond.get("message") or "")) > MAX_CONDITION_MESSAGE:
+            problems.append(f"{at}.message: Too long: may not be more than {MAX_CONDITION_MESSAGE} bytes")
+    return problems
+
+
+def binding_problems(path: str, entry: dict[str, Any]) -> list[str]:
+    """validateDeviceBindingParameters, for a slice's device and for an allocation result alike:
+    at most 4 of each, qualified names, no duplicates, no overlap, and each list only with the
+    other (bindsToNode is free of rules)."""
+    conditions = entry.get("bindingConditions") or []
+    failures = entry.get("bindingFailureConditions") or []
+    problems: list[str] = []
+    for name, values in (("bindingConditions", conditions), ("bindingFailureConditions", failures)):
+        if len(values) > MAX_BINDING_CONDITIONS:
+            problems.append(f"{path}.{name}: Too many: {len(values)}: must have at most {MAX_BINDING_CONDITIONS} items")
+        seen: set[Any] = set()
+        for i, value in enumerate(values):
+            problems += label_key_problems(f"{path}.{name}[{i}]", value)
+            if value in seen:
+                problems.append(f"{path}.{name}[{i}]: Duplicate value: {value!r}")
+            seen.add(value)
+    for i, value in enumerate(failures):
+        if value in conditions:
+            problems.append(
+                f"{path}.bindingFailureConditions[{i}]: Invalid value: {value!r}: "
+                "bindingFailureConditions must not overlap with bindingConditions"
+            )
+    if failures and not conditions:
+        problems.append(
+            f"{path}.bindingConditions: Invalid value: []: bindingConditions are required to use bindingFailureConditions"
+        )
+    if conditions and not failures:
+        problems.append(
+            f"{path}.bindingFailureConditions: Invalid value: []: "
+            "bindingFailureConditions are required to use bindingConditions"
+        )
     return problems

@@ -128,7 +128,14 @@ def allocate(
             claim.setdefault("status", {})["allocation"] = {
                 "devices": {
                     "results": [
-                        {"request": r.name, "driver": driver, "pool": d["pool"], "device": d["name"], **share}
+                        {
+                            "request": r.name,
+                            "driver": driver,
+                            "pool": d["pool"],
+                            "device": d["name"],
+                            **share,
+                            **_binding(d),
+                        }
                         for r, d, share in picked
                     ],
                     **({"config": config} if config else {}),
@@ -142,6 +149,22 @@ def allocate(
             }
             return srv.update(claim)
     raise LookupError(f"no devices satisfy the claim's requests {[r.name for r in requests]}")
+
+
+def _binding(device: Published) -> dict[str, list[str]]:
+    """A device's binding conditions, copied into its allocation result as the allocator copies
+    them (structured allocator: `BindingConditions`, `BindingFailureConditions`); the scheduler
+    then waits in PreBind for them, which this stand-in does not."""
+    return {k: list(device[k]) for k in ("bindingConditions", "bindingFailureConditions") if device.get(k)}
+
+
+def nominate(srv: Any, namespace: str, pod_name: str, node: str) -> dict:
+    """Sets `status.nominatedNodeName`, as the scheduler does before PreBind (the gate
+    NominatedNodeNameForExpectation, on by default since 1.35): how a node's driver learns of a
+    pod, and so of its claims, that waits for binding on that node."""
+    pod = srv.get("pods", pod_name, namespace)
+    pod.setdefault("status", {})["nominatedNodeName"] = node
+    return srv.update(pod)
 
 
 def _counters_left(

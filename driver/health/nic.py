@@ -25,7 +25,8 @@ namespace mode); in exclusive mode they vanish from the host's sysfs and say not
 PCI function stays listed (PCI devices belong to no namespace), so it is not lost.
 
 One NIC whose state cannot be read (a failure no reader expected) is logged and left as it was
-for that round; the others are still judged and published.
+for that round; the others are still judged and published. Over 400 lines on purpose: the three
+signals share one lock, one round and one thread, and split apart they would share them anyway.
 """
 
 from __future__ import annotations
@@ -142,6 +143,15 @@ class NicHealthMonitor:
         """True when no observed fault is waiting out its debounce."""
         with self._lock:
             return all(d.due() is None for w in self._watched.values() for d in w.signals())
+
+    def fault_now(self, name: str) -> str | None:
+        """What is wrong with NIC `name` as read now, before any debounce (None: nothing, or not
+        watched): a pod must not be bound to a link that just went down (`driver.claims.binding`)."""
+        self.poll()
+        with self._lock:
+            w = self._watched.get(name)
+            faults = [d.observed.reason for d in w.signals() if d.observed is not None] if w else []
+        return "; ".join(faults) or None
 
     # ----------------------------------------------------------------------------- one round
 

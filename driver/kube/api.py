@@ -1,4 +1,5 @@
-"""The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA), ResourceSlices, Events.
+"""The one door to the Kubernetes API: nodes, ResourceClaims (read, status SSA), ResourceSlices,
+Pods nominated to the node (list, watch), Events.
 
 Everything else in the driver gets plain camelCase dicts and our own exceptions from here, never
 HTTP responses or socket errors, so that callers decide retry versus give-up from one small
@@ -14,9 +15,10 @@ attributes with their feature gate off). So every object is sent and read as JSO
 for `application/json`, as the official clients do.
 
 What the server answers is read as a stranger's: bodies within a limit, its Retry-After within
-`RETRY_AFTER_MAX`, its messages shown escaped (`driver.untrusted`). Over 400 lines on purpose: the
-door is one place, where the requests and the translation of everything that can go wrong on
-the wire into `ApiError` are read together.
+`RETRY_AFTER_MAX`, its messages shown escaped (`driver.untrusted`). The requests and the
+translation of everything that can go wrong on the wire into `ApiError` are read together here;
+only the errors themselves (`driver.kube.errors`) and the watch stream (`driver.kube.watch`) live
+apart, so that the stream needs no import of the door.
 """
 
 from __future__ import annotations
@@ -25,15 +27,21 @@ import contextlib
 import http.client
 import json
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import quote, urlencode
 
-from driver.errors import ApiServerError
-from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts, failure, unreachable
+from driver.kube.connection import ConnectionPool, Response, Sent, Timeouts
+from driver.kube.errors import DETAIL, error_from
+
+# The errors callers meet, imported by them from here: the door they call.
+from driver.kube.errors import ApiError as ApiError
+from driver.kube.errors import Conflict as Conflict
+from driver.kube.errors import NotFound as NotFound
+from driver.kube.errors import retry_after as retry_after
 from driver.kube.kubeconfig import KubeconfigError, cluster_access
 from driver.kube.types import AllocatedDeviceStatus, ResourceClaim
+from driver.kube.watch import Watch
 from driver.resource_api import API_VERSION
 from driver.untrusted import shown
 
@@ -48,65 +56,22 @@ DEFAULT_TIMEOUT = (5.0, 15.0)
 CONNECTIONS = 16
 USER_AGENT = "tandem-driver"
 
-# HTTP statuses worth retrying: throttling, server-side trouble, and 0 for "no response at all"
-# (connection refused/reset, timeout).
-_RETRYABLE = frozenset({0, 408, 429, 500, 502, 503, 504})
 # The statuses whose Retry-After the retry loops honour: throttled, overloaded.
 _RETRY_AFTER = frozenset({429, 503})
 
 # Bytes of an answer's body read at most: a broken or hostile server (or a proxy) must not grow
 # the daemon's memory without bound. One object (or one watch event): the API server stores none
 # over etcd's 1.5 MiB and takes no request over 3 MiB. One list: this node's slices of this
-# driver. An error: a metav1.Status, whose message is repeated only in part (`_DETAIL` characters).
+# driver. An error: a metav1.Status, whose message is repeated only in part (`DETAIL` characters).
 OBJECT_LIMIT = 4 * 2**20
 LIST_LIMIT = 16 * 2**20
 ERROR_LIMIT = 64 * 2**10
-_DETAIL = 512
-
-
-class ApiError(ApiServerError):
-    """A failed API call. `status` is the HTTP status, 0 when no response came back (`unreachable`:
-    no server answered at all); `retry_after` the seconds the server asked to wait before the next
-    try (Retry-After of a 429 or 503, bounded by `Response.retry_after`), 0 when it asked nothing."""
-
-    def __init__(self, message: str, status: int = 0, retryable: bool | None = None, retry_after: float = 0.0,
-                 unreachable: bool = False) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status = status
-        self.retryable = status in _RETRYABLE if retryable is None else retryable
-        self.retry_after = retry_after
-        self.unreachable = unreachable
-
-
-class Conflict(ApiError):
-    """409: the object changed since it was read (optimistic concurrency) or already exists.
-
-    Retryable once the caller has re-read the object.
-    """
-
-
-class NotFound(ApiError):
-    """404: the object (or the API itself) does not exist."""
 
 
 @dataclass(frozen=True)
 class NodeRef:
     name: str
     uid: str
-
-
-def retry_after(exc: BaseException) -> float:
-    """The seconds the API server asked to wait before the next try, 0 for any other failure:
-    what a retry loop waits at least (`driver.backoff.Retry.next`)."""
-    return exc.retry_after if isinstance(exc, ApiError) else 0.0
-
-
-def _error_from(exc: BaseException, what: str) -> ApiError:
-    """No answer, or none that can be read (refused, reset, timed out, TLS failure, a broken HTTP
-    answer, an unreadable token): retryable, saying what failed (`failure`)."""
-    if isinstance(exc, ApiError):
-        return exc
-    return ApiError(f"{what}: {failure(exc)}", 0, retryable=True, unreachable=unreachable(exc))
 
 
 def _status_error(resp: Response, what: str) -> ApiError:
@@ -122,7 +87,7 @@ def _status_error(resp: Response, what: str) -> ApiError:
             detail = body.decode(errors="replace")
     # The standard phrase, not the server's: a reason phrase is one more string it chose.
     msg = f"{what}: HTTP {status} {http.client.responses.get(status, '')}".rstrip()
-    msg += f": {shown(detail, _DETAIL)}" if detail else ""
+    msg += f": {shown(detail, DETAIL)}" if detail else ""
     if status == 404:
         return NotFound(msg, status)
     if status == 409:
@@ -139,7 +104,7 @@ def _body(resp: Response, what: str, limit: int) -> bytes:
         try:
             data = resp.read(limit + 1)
         except Exception as exc:
-            raise _error_from(exc, what) from exc
+            raise error_from(exc, what) from exc
         if len(data) <= limit:
             return data
     resp.close()
@@ -159,63 +124,6 @@ def _decode(resp: Response, what: str, limit: int = OBJECT_LIMIT) -> dict[str, A
     return obj
 
 
-class SliceWatch(Iterator[tuple[str, dict[str, Any]]]):
-    """An open watch stream. `stop()` may be called from another thread to end it at once.
-
-    Without it a stopping publisher would wait for the server-side watch timeout, because a
-    blocked socket read cannot be interrupted any other way.
-    """
-
-    def __init__(self, resp: Response, what: str) -> None:
-        self._resp = resp
-        self._what = what
-        self._events = self._read()
-
-    def stop(self) -> None:
-        # OSError: already ended, the connection closed.
-        with contextlib.suppress(OSError):
-            self._resp.shutdown()
-
-    def __next__(self) -> tuple[str, dict[str, Any]]:
-        return next(self._events)
-
-    def _read(self) -> Iterator[tuple[str, dict[str, Any]]]:
-        what = self._what
-        try:
-            for line in _lines(self._resp, what):
-                try:
-                    event = json.loads(line)
-                    etype, obj = event["type"], event["object"]
-                except (ValueError, KeyError, TypeError) as exc:
-                    raise ApiError(f"{what}: malformed event: {shown(line, _DETAIL)}", retryable=True) from exc
-                if not isinstance(obj, dict) or not isinstance(etype, str):
-                    raise ApiError(f"{what}: malformed event: {shown(line, _DETAIL)}", retryable=True)
-                if etype == "ERROR":
-                    code = obj.get("code")
-                    status = code if isinstance(code, int) else 0
-                    message = shown(str(obj.get("message", "watch error")), _DETAIL)
-                    raise ApiError(f"{what}: {message}", status, retryable=True)
-                yield etype, obj
-        except ApiError:
-            raise
-        except Exception as exc:
-            raise _error_from(exc, what) from exc
-        finally:
-            self._resp.close()  # a half-read stream never goes back to the pool
-
-
-def _lines(resp: Response, what: str) -> Iterator[str]:
-    """The non-empty lines of a streamed body, each as soon as its newline arrives; one event
-    (line) over OBJECT_LIMIT bytes is an ApiError, not a buffer that grows without end."""
-    buffer = b""
-    for chunk in resp.chunks():
-        buffer += chunk
-        *lines, buffer = buffer.split(b"\n")
-        if len(buffer) > OBJECT_LIMIT:
-            raise ApiError(f"{what}: a watch event over the limit of {OBJECT_LIMIT} bytes", retryable=True)
-        yield from (line.decode(errors="replace") for line in lines if line.strip())
-
-
 def _discard(resp: Response, what: str) -> None:
     """Read the body (`_body`) so that the connection can carry the next request."""
     _body(resp, what, OBJECT_LIMIT)
@@ -226,7 +134,7 @@ def _answer(sent: Sent, what: str) -> Response:
     try:
         resp = sent.response()
     except Exception as exc:
-        raise _error_from(exc, what) from exc
+        raise error_from(exc, what) from exc
     if not 200 <= resp.status < 300:
         raise _status_error(resp, what)
     return resp
@@ -249,7 +157,7 @@ class Pending:
             try:
                 _discard(_answer(sent, self._what), self._what)
             except Exception as exc:
-                self._error = _error_from(exc, self._what)
+                self._error = error_from(exc, self._what)
         return self._error
 
     def result(self) -> None:
@@ -260,6 +168,10 @@ class Pending:
 
 def _slice_selector(node_name: str, driver: str) -> str:
     return f"spec.nodeName={node_name},spec.driver={driver}"
+
+
+def _nominated_selector(node_name: str) -> str:
+    return f"status.nominatedNodeName={node_name}"
 
 
 class KubeAPI:
@@ -312,7 +224,7 @@ class KubeAPI:
                 headers["Content-Type"] = content_type
             return self._pool.send(method, target, data, headers, read_timeout)
         except Exception as exc:
-            raise _error_from(exc, what) from exc
+            raise error_from(exc, what) from exc
 
     # -- nodes -------------------------------------------------------------------------------
 
@@ -368,24 +280,45 @@ class KubeAPI:
     def list_slices(self, node_name: str, driver: str) -> tuple[list[dict[str, Any]], str]:
         """This node's slices of `driver`, and the list's resourceVersion to start a watch from."""
         what = f"list slices of {driver} on {node_name}"
-        query = {"fieldSelector": _slice_selector(node_name, driver)}
-        obj = _decode(self._request("GET", _SLICES, what, query=query), what, LIST_LIMIT)
+        return self._list(_SLICES, _slice_selector(node_name, driver), what)
+
+    def watch_slices(self, node_name: str, driver: str, resource_version: str, timeout_seconds: int) -> Watch:
+        """The watch of `list_slices`' slices from `resource_version` (`_watch`)."""
+        what = f"watch slices of {driver} on {node_name}"
+        return self._watch(_SLICES, _slice_selector(node_name, driver), resource_version, timeout_seconds, what)
+
+    # -- pods --------------------------------------------------------------------------------
+
+    def list_nominated_pods(self, node_name: str) -> tuple[list[dict[str, Any]], str]:
+        """The pods of every namespace that the scheduler nominated to `node_name`, and the list's
+        resourceVersion: the scheduler nominates a pod before PreBind (NominatedNodeNameForExpectation),
+        so its claims' allocations on this node are seen while the pod still waits for binding."""
+        return self._list(_PODS, _nominated_selector(node_name), f"list pods nominated to {node_name}")
+
+    def watch_nominated_pods(self, node_name: str, resource_version: str, timeout_seconds: int) -> Watch:
+        """The watch of `list_nominated_pods`' pods from `resource_version` (`_watch`)."""
+        what = f"watch pods nominated to {node_name}"
+        return self._watch(_PODS, _nominated_selector(node_name), resource_version, timeout_seconds, what)
+
+    def _list(self, path: str, selector: str, what: str) -> tuple[list[dict[str, Any]], str]:
+        """The objects at `path` that `selector` (a field selector) picks, and the list's
+        resourceVersion to start a watch from."""
+        obj = _decode(self._request("GET", path, what, query={"fieldSelector": selector}), what, LIST_LIMIT)
         items = obj.get("items") or []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise ApiError(f"{what}: malformed list", retryable=True)
         rv = obj.get("metadata", {}).get("resourceVersion", "")
         return items, str(rv)
 
-    def watch_slices(self, node_name: str, driver: str, resource_version: str, timeout_seconds: int) -> SliceWatch:
+    def _watch(self, path: str, selector: str, resource_version: str, timeout_seconds: int, what: str) -> Watch:
         """Open a watch from `resource_version`; iterate it for (type, object) events.
 
         BOOKMARK events are yielded too: their resourceVersion lets the caller resume. An ERROR
         event (e.g. 410 Gone: the resourceVersion is too old) is raised as `ApiError` with the
         status it carries; the caller must list again.
         """
-        what = f"watch slices of {driver} on {node_name}"
         query = {
-            "fieldSelector": _slice_selector(node_name, driver),
+            "fieldSelector": selector,
             "resourceVersion": resource_version,
             "allowWatchBookmarks": "true",
             "timeoutSeconds": str(timeout_seconds),
@@ -393,7 +326,7 @@ class KubeAPI:
         }
         # The read timeout must outlast the server-side watch timeout.
         read_timeout = timeout_seconds + self._read_timeout
-        return SliceWatch(self._request("GET", _SLICES, what, query=query, read_timeout=read_timeout), what)
+        return Watch(self._request("GET", path, what, query=query, read_timeout=read_timeout), what, OBJECT_LIMIT)
 
     def create_slice(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a slice (use metadata.generateName); returns what the server stored."""
@@ -433,6 +366,7 @@ class KubeAPI:
 
 
 _SLICES = f"/apis/{API_VERSION}/resourceslices"
+_PODS = "/api/v1/pods"
 
 
 def _q(segment: str) -> str:

@@ -34,6 +34,8 @@ class DeviceRequestAllocationResult(TypedDict, total=False):
     adminAccess: bool
     shareID: str  # a multi-allocatable device: this allocation's share
     consumedCapacity: dict[str, str]  # capacity name -> quantity
+    bindingConditions: list[str]  # the device's, copied by the scheduler (`driver.claims.binding`)
+    bindingFailureConditions: list[str]
 
 
 class OpaqueDeviceConfiguration(TypedDict):

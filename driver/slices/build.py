@@ -61,6 +61,10 @@ def device_to_api(device: Device, taint_times: TaintTimes, now: str) -> dict[str
             api_taint["timeAdded"] = taint_times.get((device.name, t.key, t.value, str(t.effect)), now)
             taints.append(api_taint)
         out["taints"] = taints
+    if device.binding_conditions:
+        out["bindsToNode"] = True
+        out["bindingConditions"] = list(device.binding_conditions)
+        out["bindingFailureConditions"] = list(device.binding_failure_conditions)
     if device.consumes_counters:
         out["consumesCounters"] = [
             {"counterSet": u.counter_set.name, "counters": _counters(u.counters)} for u in device.consumes_counters

@@ -27,7 +27,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.kube.api import ApiError, KubeAPI, SliceWatch, retry_after
+from driver.kube.api import ApiError, KubeAPI, retry_after
+from driver.kube.watch import Watch
 from driver.slices.build import metadata
 
 log = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class LiveSlices:
         self.listed = False
         self.current = False  # listed, and the watch has not failed since
         self.watch_restarts = 0  # times the watch was opened again after it ended or failed
-        self._watch: SliceWatch | None = None
+        self._watch: Watch | None = None
         self._thread: threading.Thread | None = None
 
     def snapshot(self) -> list[dict[str, Any]]:

@@ -9,12 +9,14 @@ server would see it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from driver.model import Device
 from driver.resource_api import parse_quantity
-from driver.slices.build import LIST_KEYS, metadata, spec_devices
+from driver.slices.build import LIST_KEYS, metadata, spec_devices, without_sharing
 
 
 def _prune(value: Any) -> Any:
@@ -265,22 +267,57 @@ def counters_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool
     )
 
 
-def sharing_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
-    """Whether the server silently dropped `allowMultipleAllocations` we sent (DRAConsumableCapacity
-    off): the device would then be allocated once, and desired and live would never agree."""
-    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
-    return any(
-        dev.get("allowMultipleAllocations")
-        and not (stored_devices.get(dev.get("name")) or {}).get("allowMultipleAllocations")
-        for dev in spec_devices(sent.get("spec"))
-    )
+def _device_field_dropped(key: str) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
+    """Whether the server silently dropped device field `key` from some device we sent."""
+
+    def dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+        stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
+        return any(
+            dev.get(key) and not (stored_devices.get(dev.get("name")) or {}).get(key)
+            for dev in spec_devices(sent.get("spec"))
+        )
+
+    return dropped
 
 
-def taints_dropped(sent: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
-    """Whether the server silently dropped device taints we sent (DRADeviceTaints off, or a
-    server too old to know them): desired and live would then never agree."""
-    stored_devices = {d.get("name"): d for d in spec_devices(stored.get("spec"))}
-    return any(
-        dev.get("taints") and not (stored_devices.get(dev.get("name")) or {}).get("taints")
-        for dev in spec_devices(sent.get("spec"))
-    )
+@dataclass(frozen=True)
+class Droppable:
+    """A feature a server with its gate off drops without an error: how to see that it did, what
+    the devices look like without it, and what that costs (logged once)."""
+
+    dropped: Callable[[Mapping[str, Any], Mapping[str, Any]], bool]
+    leave_out: Callable[[Sequence[Device]], list[Device]]
+    why: str
+
+
+DROPPABLE: dict[str, Droppable] = {
+    "taints": Droppable(
+        _device_field_dropped("taints"),
+        lambda devices: [dataclasses.replace(d, taints=()) if d.taints else d for d in devices],
+        "the API server does not store device taints (feature gate DRADeviceTaints off?): unhealthy devices "
+        "stay schedulable",
+    ),
+    # Without counters the scheduler would give out overlapping MIG partitions: every device that
+    # draws from counters (dynamic MIG) is left out rather than published unguarded.
+    "counters": Droppable(
+        counters_dropped,
+        lambda devices: [d for d in devices if not d.consumes_counters],
+        "the API server does not store shared counters (feature gate DRAPartitionableDevices off?): the "
+        "partitions and whole GPUs of dynamic-MIG GPUs are not published",
+    ),
+    "sharing": Droppable(
+        _device_field_dropped("allowMultipleAllocations"),
+        lambda devices: [without_sharing(d) for d in devices],
+        "the API server does not store allowMultipleAllocations (feature gate DRAConsumableCapacity off?): "
+        "shared NICs and GPUs are published as devices one claim at a time can have",
+    ),
+    "binding": Droppable(
+        _device_field_dropped("bindingConditions"),
+        lambda devices: [
+            dataclasses.replace(d, binding_conditions=(), binding_failure_conditions=()) if d.binding_conditions else d
+            for d in devices
+        ],
+        "the API server does not store binding conditions (feature gates DRADeviceBindingConditions, "
+        "DRAResourceClaimDeviceStatus off?): partitions are made, and NICs checked, at prepare",
+    ),
+}

@@ -3,11 +3,10 @@
 The publisher feeds the pure half (`build_slices`, `plan`) and carries the planned writes out
 through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
 rate-limited, failures retried with backoff, and a server that silently drops list-typed
-attributes, device taints, shared counters or consumable capacity (feature gate off) is answered
-with a fallback instead of endless rewrites. What came of its attempts (failures by reason, the
-last publish) is kept by `driver.slices.progress`. Over 400 lines on purpose: those fallbacks are modes
-of the one sync loop, set and read under its condition variable, so they stay in the class that
-owns the loop.
+attributes, device taints, shared counters, consumable capacity or binding conditions (feature
+gate off) is answered with a fallback instead of endless rewrites (`driver.slices.plan.DROPPABLE`).
+What came of its attempts (failures by reason, the last publish) is kept by
+`driver.slices.progress`.
 """
 
 from __future__ import annotations
@@ -30,10 +29,10 @@ from driver.slices.build import (
     metadata,
     scalar_attributes,
     taint_times_of,
-    without_sharing,
 )
 from driver.slices.cache import LiveSlices
-from driver.slices.plan import counters_dropped, list_attributes_dropped, plan, sharing_dropped, taints_dropped
+from driver.slices.plan import DROPPABLE as _DROPPABLE
+from driver.slices.plan import list_attributes_dropped, plan
 from driver.slices.progress import PublishProgress
 
 log = logging.getLogger(__name__)
@@ -113,9 +112,9 @@ class SlicePublisher:
         self._retry_at = 0.0
         self._last_write = float("-inf")
         self._list_mode = True
-        self._taint_mode = True
-        self._counter_mode = True
-        self._sharing_mode = True
+        # Features a server may silently drop (its gate off): each is published until a stored
+        # slice shows it dropped, then left out, or every sync would rewrite what the server drops.
+        self._modes = dict.fromkeys(_DROPPABLE, True)
         self._stats = PublisherStats()
         self._skipped: set[str] = set()
         self._writing = False
@@ -190,12 +189,9 @@ class SlicePublisher:
         devices = [d for d in devices if self._publishable(d)]
         if not self._list_mode:
             devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
-        if not self._taint_mode:
-            devices = [dataclasses.replace(d, taints=()) if d.taints else d for d in devices]
-        if not self._counter_mode:
-            devices = [d for d in devices if not d.consumes_counters]
-        if not self._sharing_mode:
-            devices = [without_sharing(d) for d in devices]
+        for feature, on in self._modes.items():
+            if not on:
+                devices = _DROPPABLE[feature].leave_out(devices)
         assert self._node_uid is not None
         return build_slices(devices, self._driver, self._node, self._node_uid, 0, taint_times=taint_times_of(live))
 
@@ -288,22 +284,19 @@ class SlicePublisher:
         self._fall_back_to_scalars()
         return True
 
-    def _stop_publishing_taints(self) -> None:
+    def _stop_publishing(self, feature: str) -> None:
         with self._cond:
-            if not self._taint_mode:
+            if not self._modes[feature]:
                 return
-            log.error(
-                "the API server does not store device taints (feature gate DRADeviceTaints off?): "
-                "unhealthy devices stay schedulable; publishing without taints to avoid endless rewrites"
-            )
-            self._taint_mode = False
+            log.error("%s; publishing without it to avoid endless rewrites", _DROPPABLE[feature].why)
+            self._modes[feature] = False
             self._mark_dirty()
 
     @property
     def taints_active(self) -> bool:
         """False once the server was seen dropping device taints."""
         with self._cond:
-            return self._taint_mode
+            return self._modes["taints"]
 
     def _fall_back_to_scalars(self) -> None:
         with self._cond:
@@ -344,7 +337,7 @@ class SlicePublisher:
         with self._cond:
             live = self._cache.snapshot()
             self._stats.syncs += 1
-            modes = (self._list_mode, self._taint_mode, self._counter_mode, self._sharing_mode)
+            modes = (self._list_mode, *self._modes.values())
             inputs = (modes, self._node_uid, live, devices)  # everything the plan depends on
             if inputs == self._agreed:  # cheap when unchanged: the same objects compare by identity
                 self._cond.notify_all()
@@ -396,35 +389,6 @@ class SlicePublisher:
             self._cache.put(name, stored)
         if self._list_mode and list_attributes_dropped(sent, stored):
             self._fall_back_to_scalars()
-        if self._taint_mode and taints_dropped(sent, stored):
-            self._stop_publishing_taints()
-        if self._counter_mode and counters_dropped(sent, stored):
-            self._stop_publishing_counters()
-        if self._sharing_mode and sharing_dropped(sent, stored):
-            self._stop_sharing()
-
-    def _stop_sharing(self) -> None:
-        """Without consumable capacity a shared NIC is allocated once: publish it so, or every
-        sync would rewrite what the server drops."""
-        with self._cond:
-            if not self._sharing_mode:
-                return
-            log.error(
-                "the API server does not store allowMultipleAllocations (feature gate DRAConsumableCapacity "
-                "off?): shared NICs are published as devices one claim at a time can have"
-            )
-            self._sharing_mode = False
-            self._mark_dirty()
-
-    def _stop_publishing_counters(self) -> None:
-        """Without counters the scheduler would give out overlapping MIG partitions: leave out every
-        device that draws from counters (dynamic MIG) rather than publish them unguarded."""
-        with self._cond:
-            if not self._counter_mode:
-                return
-            log.error(
-                "the API server does not store shared counters (feature gate DRAPartitionableDevices off?): "
-                "the partitions and whole GPUs of dynamic-MIG GPUs are not published"
-            )
-            self._counter_mode = False
-            self._mark_dirty()
+        for feature, on in list(self._modes.items()):
+            if on and _DROPPABLE[feature].dropped(sent, stored):
+                self._stop_publishing(feature)

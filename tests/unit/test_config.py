@@ -110,6 +110,8 @@ BAD_ENVIRONMENT = {
     "NVIDIA_DRIVER_ROOT_HOST": ("drv", "--nvidia-driver-root-host 'drv' must be an absolute path"),
     "DEVICE_KINDS": ("gpu,tpu", "--device-kinds: unknown kind 'tpu'"),
     "LIST_ATTRIBUTES": ("maybe", "argument --list-attributes (from LIST_ATTRIBUTES='maybe'): 'maybe' is not a boolean"),
+    "NO_BINDING_CONDITIONS": ("sometimes", "(from NO_BINDING_CONDITIONS='sometimes'): 'sometimes' is not a boolean"),
+    "NIC_BINDING_CONDITIONS": ("2", "(from NIC_BINDING_CONDITIONS='2'): '2' is not a boolean"),
     "REDISCOVER_PERIOD": ("abc", "argument --rediscover-period (from REDISCOVER_PERIOD='abc'): 'abc' is not a number"),
     "METRICS_ADDRESS": ("0.0.0.0:99999", "--metrics-address '0.0.0.0:99999' must be HOST:PORT"),
     "IGNORED_XIDS": ("13,x", "--ignored-xids: 'x' is not an XID number"),

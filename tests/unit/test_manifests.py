@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import textwrap
 from collections.abc import Callable, Iterator
 from enum import StrEnum
@@ -42,7 +43,7 @@ from driver.discovery.nic_device import SHARES
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
 from driver.node.driver_root import DriverFiles, find_driver_files
-from driver.status_socket import status_socket_path
+from driver.status_socket import probe_path
 from sim.driver_files import render_driver_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -458,21 +459,23 @@ def test_resources_have_requests_and_a_memory_limit() -> None:
     assert "memory" in res["limits"]
 
 
-def test_probes_run_the_liveness_subcommand() -> None:
-    """Readiness also needs the ResourceSlices published; liveness and start-up never do: a restart
-    brings no API server back, and stops the MPS daemons of running pods."""
-    for probe in ("startupProbe", "livenessProbe"):
-        assert CONTAINER[probe]["exec"]["command"] == ["tandem-driver", "liveness"], probe
-    assert CONTAINER["readinessProbe"]["exec"]["command"] == ["tandem-driver", "liveness", "--ready"]
+def _probe_script(probe: str) -> str:
+    command = CONTAINER[probe]["exec"]["command"]
+    assert command[:2] == ["sh", "-c"] and len(command) == 3, f"{probe}: a shell test, no Python started"
+    return str(command[2])
 
 
-def test_readiness_probe_asks_the_status_socket_the_daemon_serves(daemon_config: Config) -> None:
-    (_tandem_driver, *args) = CONTAINER["readinessProbe"]["exec"]["command"]
-    probe = driver_parser().parse_args(args)
-    assert probe.ready
-    assert status_socket_path(Path(probe.kubelet_plugins_dir) / probe.driver_name) == status_socket_path(
-        daemon_config.data_dir
+def test_probes_are_shell_tests_of_the_probe_file() -> None:
+    """Readiness also needs the ResourceSlices published (`ready`); liveness and start-up never do
+    (anything but `dead`): a restart brings no API server back, and stops the MPS daemons of
+    running pods. tests/integration/test_probe_file.py runs these very scripts against a daemon."""
+    liveness = _probe_script("livenessProbe")
+    assert _probe_script("startupProbe") == liveness
+    assert '[ "$verdict" != dead ]' in liveness and "ready" not in liveness.replace("read -r", "")
+    assert _probe_script("readinessProbe") == liveness.replace(
+        '[ "$verdict" != dead ] || { echo "not alive: $why"', '[ "$verdict" = ready ] || { echo "not ready: $why"'
     )
+    assert re.findall(r"\b(python|tandem-driver|tandemctl)\b", liveness + _probe_script("readinessProbe")) == []
 
 
 def _subcommands() -> set[str]:
@@ -485,11 +488,20 @@ def test_container_args_name_a_real_subcommand() -> None:
     assert CONTAINER["args"][0] in _subcommands()
 
 
-def test_liveness_probe_finds_the_sockets_the_daemon_creates(daemon_config: Config) -> None:
-    """The probe runs with the pod's environment; it must derive the very socket `run` listens on."""
-    (command, subcommand) = CONTAINER["livenessProbe"]["exec"]["command"]
-    assert command == "tandem-driver"
-    probe = driver_parser().parse_args([subcommand])
+def test_probes_read_the_file_the_daemon_writes(daemon_config: Config) -> None:
+    """The probe runs with the pod's environment; it must name the very file `run` keeps, one of
+    this pod's own (two pods of a surge share the data dir), on a mounted host path."""
+    first_line = _probe_script("livenessProbe").splitlines()[0]
+    env = {name: _env_value(entry) for name, entry in ENV.items()}
+    probed = subprocess.run(["sh", "-c", f'{first_line}; printf %s "$f"'], env=env, capture_output=True, text=True)
+    assert Path(probed.stdout) == probe_path(daemon_config.data_dir, daemon_config.pod_uid)
+    assert Path(probed.stdout) != probe_path(daemon_config.data_dir, ""), "this pod's own"
+    assert _mount_for(Path(probed.stdout)) is not None
+
+
+def test_liveness_the_daemon_runs_on_itself_finds_the_sockets_it_creates(daemon_config: Config) -> None:
+    """`run` derives the registration socket of its self-check as `tandem-driver liveness` does."""
+    probe = driver_parser().parse_args(["liveness"])
     probed = registration_socket_path(Path(probe.kubelet_registrar_dir), probe.driver_name, probe.pod_uid)
     served = registration_socket_path(daemon_config.registrar_dir, daemon_config.driver_name, daemon_config.pod_uid)
     assert probed == served
@@ -548,7 +560,8 @@ def test_rbac_grants_what_the_driver_calls(daemon_config: Config) -> None:
 
 
 def test_rbac_grants_nothing_cluster_wide_beyond_the_driver() -> None:
-    """Least privilege: no wildcards, no arbitrary-node status writes, no secrets, no pods."""
+    """Least privilege: no wildcards, no arbitrary-node status writes, no secrets; pods only read
+    (binding conditions follow the pods nominated to the node), never written."""
     for (group, resource), rule in _rules().items():
         assert "*" not in rule["verbs"] and "*" not in (group, resource)
         assert not any(v.startswith("arbitrary-node:") for v in rule["verbs"]), resource
@@ -558,8 +571,10 @@ def test_rbac_grants_nothing_cluster_wide_beyond_the_driver() -> None:
         ("resource.k8s.io", "resourceclaims/status"),
         ("resource.k8s.io", "resourceclaims/driver"),
         ("", "nodes"),
+        ("", "pods"),
         ("events.k8s.io", "events"),
     }
+    assert _rules()[("", "pods")]["verbs"] == ["list", "watch"]
 
 
 SLICES_POLICY, CLAIMS_POLICY = "tandem-driver-own-node-slices", "tandem-opaque-config"

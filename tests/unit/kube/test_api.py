@@ -111,6 +111,8 @@ CALLS: dict[str, Callable[[KubeAPI], object]] = {
     "send_claim_status": lambda api: api.send_claim_status("ns", "c", [], "m", uid="u").result(),
     "list_slices": lambda api: api.list_slices("n", "d"),
     "watch_slices": lambda api: list(api.watch_slices("n", "d", "1", 5)),
+    "list_nominated_pods": lambda api: api.list_nominated_pods("n"),
+    "watch_nominated_pods": lambda api: list(api.watch_nominated_pods("n", "1", 5)),
     "create_slice": lambda api: api.create_slice(SLICE),
     "update_slice": lambda api: api.update_slice(SLICE),
     "delete_slice": lambda api: api.delete_slice("s"),
@@ -153,7 +155,7 @@ def test_nothing_but_an_api_error_leaves_the_door(api_for, call: str, fault: str
     patch_event as http.client's own exceptions."""
     settings, says = FAULTS[fault]
     api = api_for(**settings)
-    if call == "watch_slices" and fault not in WATCH_FAULTS:
+    if call.startswith("watch_") and fault not in WATCH_FAULTS:
         # A stream that ends early is a watch that ended; any failure must be an ApiError.
         with contextlib.suppress(ApiError):
             CALLS[call](api)
@@ -231,4 +233,13 @@ def test_retry_after_is_read_and_bounded(api_for, status: str, retry_after: str,
     with pytest.raises(ApiError) as e:
         api.get_node("n")
     assert e.value.retry_after == wait
+    assert e.value.retryable
+
+
+@pytest.mark.parametrize("call", ["list_slices", "list_nominated_pods"])
+@pytest.mark.parametrize("body", [b'{"items": [1]}', b'{"items": {"a": {}}}'])
+def test_a_list_whose_items_are_no_objects_is_a_retryable_api_error(api_for, call: str, body: bytes) -> None:
+    api = api_for(_http("200 OK", body))
+    with pytest.raises(ApiError, match="malformed list") as e:
+        CALLS[call](api)
     assert e.value.retryable

@@ -1,0 +1,429 @@
+"""Binding conditions: a device made ready before the scheduler binds its pod, so that a failure
+sends the pod elsewhere instead of leaving it in ContainerCreating.
+
+A dynamic-MIG partition is made with NVML, which can fail (an NVML error, a GPU fragmented by
+hand, a GPU fallen off the bus); a NIC's link can go down between allocation and start. Made at
+NodePrepareResources, after the pod is bound, such a failure only makes the kubelet retry while
+the pod waits on a node that cannot run it. Kubernetes 1.36+ (KEP-5007, gates
+DRADeviceBindingConditions and DRAResourceClaimDeviceStatus, beta and on) lets a device say in its
+slice `bindsToNode: true`, `bindingConditions` and `bindingFailureConditions`; the scheduler copies
+them into the allocation result and waits in PreBind (polling its claim cache every 5 s, up to
+its bindingTimeout, 10 minutes by default) until each binding condition is True in the device's
+`status.devices[]` entry. A True failure condition or the timeout makes it deallocate the claim
+and schedule the pod again.
+
+The node's part: `PreBinder.want` is told the claims of each pod the scheduler nominates to this
+node (`driver.claims.binding_pods`). For a claim allocated here whose results carry binding
+conditions, it makes the partitions (`MigPartitions.ensure`, the same noted, crash-safe path
+prepare uses, so prepare later finds them made and adopts them) and checks the NICs, then applies
+the ready conditions; on failure it destroys what it made, applies the failure conditions, sends
+an Event and taints the failed GPU or NIC for `cooldown` seconds, so that the scheduler's next
+try picks another. Its entries are applied under a field manager of their own, so prepare's
+Ready entries (another manager) neither remove nor are removed by them.
+
+A partition made here belongs to a claim no record names until prepare: the MIG note alone says
+it is Tandem's (`driver.claims.gpu.mig_owners`). While the claim waits, `PreBinder` follows it; a
+claim deleted, replaced or deallocated (the pod deleted, a failure elsewhere in the pod) has its
+partitions destroyed. A kill -9 at any step leaves the note: start-up destroys partitions noted
+for claims without a record (`MigPartitions.collect`), and the claim, still nominated, is made
+ready again by the new instance. Over 400 lines on purpose: the worker's three duties (make
+ready, follow what it made, expire its taints) share one lock and one loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from driver.claims.allocation import ClaimLocks, ClaimRef, PrepareSettings
+from driver.claims.checkpoint import Checkpoint
+from driver.claims.gpu.mig import MigError, MigPartitions
+from driver.errors import ApiServerError, DeviceError
+from driver.kube.api import KubeAPI, NotFound
+from driver.kube.types import AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim
+from driver.logs import log_context
+from driver.model import Condition, Device, Health, TaintEffect
+from driver.resource_api import rfc3339
+
+log = logging.getLogger(__name__)
+
+SOURCE = "binding"  # the inventory's health source for the failure taints
+LOOK_PERIODS = (0.25, 0.5, 1.0, 2.0, 5.0)  # a claim not yet allocated is read again after these
+WANT_FOR = 900.0  # seconds a nominated pod's claim is watched for an allocation, past the scheduler's 10 min
+RECHECK_PERIOD = 2.0  # seconds between reads of a claim made ready and not yet prepared
+
+
+class NotReady(DeviceError):
+    """A device cannot be made ready for its pod: gone, unhealthy, or its link down."""
+
+
+@dataclass(frozen=True)
+class ConditionTypes:
+    """The condition types of one driver name (condition types are label names: a domain we own)."""
+
+    partition_ready: str
+    partition_failed: str
+    nic_ready: str
+    nic_failed: str
+
+    @classmethod
+    def of(cls, driver_name: str) -> ConditionTypes:
+        d = driver_name
+        return cls(f"{d}/partition-ready", f"{d}/partition-failed", f"{d}/nic-ready", f"{d}/nic-failed")
+
+    def for_device(self, device: Device) -> tuple[str, str] | None:
+        """(ready, failed) for a device that carries binding conditions, else None."""
+        if device.gpu is not None and device.gpu.placement is not None:
+            return self.partition_ready, self.partition_failed
+        if device.nic is not None:
+            return self.nic_ready, self.nic_failed
+        return None
+
+
+def with_binding_conditions(devices: Sequence[Device], driver_name: str, mig: bool, nic: bool) -> list[Device]:
+    """The devices as published: dynamic-MIG partitions (`mig`, the whole GPU of a dynamic-MIG
+    GPU too: it is made as its one GPU instance) and NICs (`nic`) with binding conditions. Other
+    GPUs, MIG devices an administrator made and shared GPUs get none: nothing slow happens
+    before their use."""
+    types = ConditionTypes.of(driver_name)
+    out = []
+    for d in devices:
+        pair = types.for_device(d)
+        wanted = pair is not None and (mig if d.gpu is not None else nic)
+        out.append(
+            replace(d, binding_conditions=(pair[0],), binding_failure_conditions=(pair[1],)) if wanted and pair else d
+        )
+    return out
+
+
+@dataclass
+class _Wanted:
+    """A claim of a nominated pod: read again at `next_look` until allocated, or until `until`."""
+
+    until: float
+    next_look: float = 0.0
+    looks: int = 0
+
+
+@dataclass
+class _Made:
+    """A claim made ready here that no prepare has recorded yet."""
+
+    ref: ClaimRef
+    next_check: float = 0.0
+
+
+@dataclass
+class BindingStats:
+    """For the metrics: seconds from allocation to our answer, and failures by reason."""
+
+    made: list[float] = field(default_factory=list)
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+class PreBinder:
+    """One worker thread. `want` may be called from any thread."""
+
+    def __init__(
+        self,
+        api: KubeAPI,
+        settings: PrepareSettings,
+        checkpoint: Checkpoint,
+        partitions: MigPartitions,
+        locks: ClaimLocks,
+        lookup: Callable[[str], Device | None],
+        devices: Callable[[], list[Device]],
+        taint: Callable[[str, Sequence[Condition]], object],
+        report: Callable[[ClaimRef, str], None],
+        nic_fault: Callable[[str], str | None] = lambda _name: None,
+        cooldown: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._s = settings
+        self._types = ConditionTypes.of(settings.driver_name)
+        self._manager = f"{settings.driver_name}/binding"
+        self._checkpoint = checkpoint
+        self._partitions = partitions
+        self._locks = locks
+        self._lookup = lookup
+        self._devices = devices
+        self._taint = taint
+        self._report = report
+        self._nic_fault = nic_fault  # `NicHealthMonitor.fault_now`: the link as read now
+        self._cooldown = cooldown
+        self._clock = clock
+        self._cond = threading.Condition()
+        self._wanted: dict[tuple[str, str], _Wanted] = {}
+        self._made: dict[str, _Made] = {}
+        self._tainted: dict[str, float] = {}  # device name -> when its failure taint goes
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = BindingStats()
+
+    def want(self, namespace: str, names: Sequence[str]) -> None:
+        """Claims of a pod nominated to this node: each is read until it is allocated here (or not)."""
+        with self._cond:
+            until = self._clock() + WANT_FOR
+            for name in names:
+                if (namespace, name) not in self._wanted:
+                    self._wanted[(namespace, name)] = _Wanted(until)
+            self._cond.notify()
+
+    def waiting(self) -> list[dict[str, str]]:
+        """What `tandemctl` shows: the claims read for an allocation, and those made ready that
+        no prepare has recorded yet (the pod not bound or not started)."""
+        with self._cond:
+            out = [{"claim": f"{ns}/{n}", "state": "waiting for allocation"} for ns, n in sorted(self._wanted)]
+            out += [
+                {"claim": f"{m.ref.namespace}/{m.ref.name}", "uid": uid, "state": "ready, waiting for bind"}
+                for uid, m in sorted(self._made.items())
+            ]
+        return out
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="binding", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    # -- the worker ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return
+                self._cond.wait(timeout=self._next_wake())
+                if self._stopping:
+                    return
+                now = self._clock()
+                due = [k for k, w in self._wanted.items() if w.next_look <= now]
+                checks = [uid for uid, m in self._made.items() if m.next_check <= now]
+            for key in due:
+                self._step(key)
+            for uid in checks:
+                self._recheck(uid)
+            self._expire_taints()
+
+    def _next_wake(self) -> float | None:
+        times = [w.next_look for w in self._wanted.values()] + [m.next_check for m in self._made.values()]
+        times += list(self._tainted.values())
+        return max(0.0, min(times) - self._clock()) if times else None
+
+    def _step(self, key: tuple[str, str]) -> None:
+        """One look at a wanted claim; guarded so that one claim's surprise never stops the worker."""
+        namespace, name = key
+        with log_context(op="binding", claim_namespace=namespace, claim_name=name):
+            try:
+                finished = self._look(namespace, name)
+            except ApiServerError as e:
+                log.warning("binding conditions of claim %s/%s: %s; read again", namespace, name, e)
+                finished = False
+            except Exception:
+                log.exception("binding conditions of claim %s/%s", namespace, name)
+                finished = True
+        with self._cond:
+            wanted = self._wanted.get(key)
+            if wanted is None:
+                return
+            now = self._clock()
+            if finished or now >= wanted.until:
+                del self._wanted[key]
+            else:
+                wanted.next_look = now + LOOK_PERIODS[min(wanted.looks, len(LOOK_PERIODS) - 1)]
+                wanted.looks += 1
+
+    def _look(self, namespace: str, name: str) -> bool:
+        """Whether the claim needs no more looks: made ready, failed, prepared, gone, or not ours."""
+        try:
+            claim = self._api.get_claim(namespace, name)
+        except NotFound:
+            return True
+        uid = str((claim.get("metadata") or {}).get("uid", ""))
+        allocation = (claim.get("status") or {}).get("allocation")
+        if not allocation:
+            return False  # the scheduler writes it in PreBind, after nominating the pod
+        results = self._ours(claim)
+        if not results or uid in self._checkpoint.read():
+            return True
+        ref = ClaimRef(namespace, name, uid)
+        decided = self._decided(claim, results)
+        if decided == "failed":
+            return True
+        started = self._clock()
+        with self._locks.hold(uid):
+            if uid in self._checkpoint.read():  # the kubelet prepared it meanwhile
+                return True
+            try:
+                for r in results:
+                    self._make_ready(uid, r)
+            except (MigError, NotReady) as e:
+                self._fail(ref, claim, results, e)
+                return True
+            if decided != "ready":
+                self._api.apply_claim_status(
+                    namespace, name, self._entries(results, ready=True, reason="Ready", message=""),
+                    self._manager, uid=uid,
+                )  # fmt: skip
+                log.info("binding conditions of claim %s/%s are True", namespace, name)
+                self.stats.made.append(self._clock() - started)
+        with self._cond:
+            self._made[uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
+        return True
+
+    def _ours(self, claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
+        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+        return [
+            r for r in results
+            if r.get("driver") == self._s.driver_name and r.get("pool") == self._s.pool and r.get("bindingConditions")
+        ]  # fmt: skip
+
+    def _decided(self, claim: ResourceClaim, results: Sequence[DeviceRequestAllocationResult]) -> str:
+        """ "ready" when every result's binding conditions are True already (an earlier instance
+        set them), "failed" when a failure condition is, else ""."""
+        entries = {
+            (e.get("device"), e.get("shareID")): {c.get("type"): c.get("status") for c in e.get("conditions") or []}
+            for e in (claim.get("status") or {}).get("devices") or []
+            if e.get("driver") == self._s.driver_name and e.get("pool") == self._s.pool
+        }
+        ready = True
+        for r in results:
+            conds = entries.get((r["device"], r.get("shareID")), {})
+            if any(conds.get(t) == "True" for t in r.get("bindingFailureConditions") or []):
+                return "failed"
+            ready = ready and all(conds.get(t) == "True" for t in r.get("bindingConditions") or [])
+        return "ready" if ready else ""
+
+    def _make_ready(self, uid: str, result: DeviceRequestAllocationResult) -> None:
+        device = self._lookup(result["device"])
+        if device is None:
+            raise NotReady(f"device {result['device']!r} is not (or no longer) present on this node")
+        if device.gpu is not None and device.gpu.placement is not None:
+            self._partitions.ensure(device.gpu.placement, uid, adopt=False)
+        elif device.nic is not None:
+            fault = self._nic_fault(device.name) or (device.health_message if device.health == Health.UNHEALTHY else "")
+            if not device.nic.present or fault:
+                raise NotReady(
+                    f"NIC {device.name} ({device.nic.pci_address}) is not ready: {fault or 'not on the host'}"
+                )
+
+    def _fail(
+        self, ref: ClaimRef, claim: ResourceClaim, results: Sequence[DeviceRequestAllocationResult], error: Exception
+    ) -> None:
+        """Destroy what was made, say why in the failure conditions and an Event, and taint the
+        device for `cooldown` so that the scheduler's next try goes elsewhere."""
+        message = str(error)
+        log.warning("claim %s/%s cannot be made ready: %s", ref.namespace, ref.name, message)
+        try:
+            self._partitions.destroy(ref.uid)
+        except MigError as e:
+            log.error("%s; destroyed when the claim goes", e)
+            with self._cond:
+                self._made[ref.uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
+        reason = "PartitionFailed" if isinstance(error, MigError) else "NotReady"
+        with self._cond:
+            self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
+        self._taint_devices(results, reason, message)
+        self._report(ref, message)
+        self._api.apply_claim_status(
+            ref.namespace, ref.name, self._entries(results, ready=False, reason=reason, message=message),
+            self._manager, uid=ref.uid,
+        )  # fmt: skip
+
+    def _entries(
+        self, results: Sequence[DeviceRequestAllocationResult], ready: bool, reason: str, message: str
+    ) -> list[AllocatedDeviceStatus]:
+        now = rfc3339()
+        out: list[AllocatedDeviceStatus] = []
+        for r in results:
+            kinds = r.get("bindingConditions") if ready else r.get("bindingFailureConditions")
+            entry: AllocatedDeviceStatus = {
+                "driver": r["driver"],
+                "pool": r["pool"],
+                "device": r["device"],
+                "conditions": [
+                    {
+                        "type": t,
+                        "status": "True",
+                        "reason": reason,
+                        "message": message or f"ready on node {self._s.pool}",
+                        "lastTransitionTime": now,
+                    }
+                    for t in kinds or []
+                ],
+            }
+            if r.get("shareID"):
+                entry["shareID"] = r["shareID"]
+            out.append(entry)
+        return out
+
+    def _taint_devices(self, results: Sequence[DeviceRequestAllocationResult], reason: str, message: str) -> None:
+        """The failed GPU's every published device (its partitions and the whole GPU), or the NIC."""
+        failed = [d for d in (self._lookup(r["device"]) for r in results) if d is not None]
+        gpus = {d.gpu.placement.parent_uuid for d in failed if d.gpu is not None and d.gpu.placement is not None}
+        names = {d.name for d in failed if d.nic is not None}
+        for d in self._devices():
+            if d.gpu is not None and (d.gpu.uuid in gpus or (d.gpu.placement and d.gpu.placement.parent_uuid in gpus)):
+                names.add(d.name)
+        key = self._types.partition_failed if gpus else self._types.nic_failed
+        cond = Condition(
+            key, TaintEffect.NO_SCHEDULE, reason, f"{message} (for {self._cooldown:.0f} s)", unhealthy=False
+        )
+        until = self._clock() + self._cooldown
+        for name in sorted(names):
+            self._taint(name, [cond])
+            with self._cond:
+                self._tainted[name] = until
+
+    def _expire_taints(self) -> None:
+        now = self._clock()
+        with self._cond:
+            due = [name for name, until in self._tainted.items() if until <= now]
+            for name in due:
+                del self._tainted[name]
+        for name in due:
+            self._taint(name, [])
+
+    def _recheck(self, uid: str) -> None:
+        """A claim made ready and not yet prepared: destroy its partitions once it is gone,
+        replaced or deallocated (its pod deleted before binding, or its binding failed elsewhere)."""
+        with self._cond:
+            made = self._made.get(uid)
+        if made is None:
+            return
+        ref = made.ref
+        done = uid in self._checkpoint.read()
+        if not done:
+            try:
+                claim = self._api.get_claim(ref.namespace, ref.name)
+                alive = (claim.get("metadata") or {}).get("uid") == uid and bool(self._ours(claim))
+            except NotFound:
+                alive = False
+            except ApiServerError as e:
+                log.warning("claim %s/%s: %s; read again", ref.namespace, ref.name, e)
+                alive = True
+            if not alive:
+                with self._locks.hold(uid):
+                    if uid not in self._checkpoint.read():
+                        log.info("claim %s/%s went before its pod started: destroying its partitions",
+                                 ref.namespace, ref.name)  # fmt: skip
+                        try:
+                            self._partitions.destroy(uid)
+                        except MigError as e:
+                            log.error("%s; tried again", e)
+                            alive = True
+                done = not alive
+        with self._cond:
+            if done:
+                self._made.pop(uid, None)
+            else:
+                made.next_check = self._clock() + RECHECK_PERIOD
