@@ -207,3 +207,8 @@ def attribute_to_api(value: object) -> dict[str, Any]:
         key = kinds.pop() + "s"
         return {key: [v.value if isinstance(v, Version) else v for v in value]}
     raise ValueError(f"unsupported attribute value {value!r}")
+
+
+# Why a device could not be made ready before binding (`driver.claims.binding`): the failure
+# condition's reason, and the label of `tandem_binding_failures` (`driver.metrics`).
+BINDING_FAILURE_REASONS = ("PartitionFailed", "NicNotReady")

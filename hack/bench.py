@@ -15,6 +15,8 @@ Speed and memory are measured here, never asserted in timed tests. Sections:
              (idle, and across 1,000 prepare/unprepare cycles)
   cluster    pod create-to-Running with 1-GPU and GPU+NIC claims in the real cluster (hack/cluster.sh up),
              and the share spent in Tandem's NodePrepareResources
+  binding    dynamic-MIG pod create-to-Running with and without binding conditions, and from a partition
+             failure on one GPU to the pod Running on the other (real cluster)
   reference  Tandem side by side with Go drivers on the official kubeletplugin helper, minimal and doing
              Tandem's work, in one run: issue 13's table with ratios (Tandem alone without Go)
 
@@ -35,6 +37,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import bench_binding
 import bench_cluster
 import bench_daemon
 import bench_health
@@ -121,6 +124,10 @@ def cluster(quick: bool) -> dict[str, Any]:
     return {"pod_start": bench_cluster.bench_pod_start(pods=5 if quick else 20)}
 
 
+def binding(quick: bool) -> dict[str, Any]:
+    return bench_binding.bench_binding(pods=5 if quick else 20, failovers=2 if quick else 5)
+
+
 def reference(quick: bool) -> dict[str, Any]:
     """The figures as JSON, and issue 13's table on stderr (stdout stays JSON); without Go the
     table says why and shows Tandem's figures alone."""
@@ -137,6 +144,7 @@ SECTIONS = {
     "sharing": sharing,
     "health": health,
     "cluster": cluster,
+    "binding": binding,
     "reference": reference,
 }
 

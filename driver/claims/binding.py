@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from driver.claims.allocation import ClaimLocks, ClaimRef, PrepareSettings
 from driver.claims.checkpoint import Checkpoint
@@ -45,7 +45,7 @@ from driver.errors import ApiServerError, DeviceError
 from driver.kube.api import KubeAPI, NotFound
 from driver.kube.types import AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim
 from driver.logs import log_context
-from driver.model import Condition, Device, Health, TaintEffect
+from driver.model import BINDING_FAILURE_REASONS, Condition, Device, Health, TaintEffect
 from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)
@@ -116,14 +116,6 @@ class _Made:
     next_check: float = 0.0
 
 
-@dataclass
-class BindingStats:
-    """For the metrics: seconds from allocation to our answer, and failures by reason."""
-
-    made: list[float] = field(default_factory=list)
-    failures: dict[str, int] = field(default_factory=dict)
-
-
 class PreBinder:
     """One worker thread. `want` may be called from any thread."""
 
@@ -139,6 +131,8 @@ class PreBinder:
         taint: Callable[[str, Sequence[Condition]], object],
         report: Callable[[ClaimRef, str], None],
         nic_fault: Callable[[str], str | None] = lambda _name: None,
+        on_ready: Callable[[float], None] = lambda _seconds: None,
+        on_failure: Callable[[str], None] = lambda _reason: None,
         cooldown: float = 300.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -162,7 +156,8 @@ class PreBinder:
         self._tainted: dict[str, float] = {}  # device name -> when its failure taint goes
         self._stopping = False
         self._thread: threading.Thread | None = None
-        self.stats = BindingStats()
+        self._on_ready = on_ready  # metrics: seconds from the claim seen allocated to its conditions set
+        self._on_failure = on_failure  # metrics: a failure, by reason
 
     def want(self, namespace: str, names: Sequence[str]) -> None:
         """Claims of a pod nominated to this node: each is read until it is allocated here (or not)."""
@@ -269,15 +264,15 @@ class PreBinder:
             except (MigError, NotReady) as e:
                 self._fail(ref, claim, results, e)
                 return True
+            with self._cond:  # followed from now on: a claim gone before the apply lands loses its partitions
+                self._made[uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
             if decided != "ready":
                 self._api.apply_claim_status(
                     namespace, name, self._entries(results, ready=True, reason="Ready", message=""),
                     self._manager, uid=uid,
                 )  # fmt: skip
                 log.info("binding conditions of claim %s/%s are True", namespace, name)
-                self.stats.made.append(self._clock() - started)
-        with self._cond:
-            self._made[uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
+                self._on_ready(self._clock() - started)
         return True
 
     def _ours(self, claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
@@ -329,9 +324,8 @@ class PreBinder:
             log.error("%s; destroyed when the claim goes", e)
             with self._cond:
                 self._made[ref.uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
-        reason = "PartitionFailed" if isinstance(error, MigError) else "NotReady"
-        with self._cond:
-            self.stats.failures[reason] = self.stats.failures.get(reason, 0) + 1
+        reason = BINDING_FAILURE_REASONS[0] if isinstance(error, MigError) else BINDING_FAILURE_REASONS[1]
+        self._on_failure(reason)
         self._taint_devices(results, reason, message)
         self._report(ref, message)
         self._api.apply_claim_status(

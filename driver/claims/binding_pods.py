@@ -81,6 +81,10 @@ class NominatedPods:
                 delay = retry.next(retry_after(e))
                 log.warning("pods nominated to %s: %s; again in %.0f s", self._node, e, delay)
                 self._stopping.wait(delay)
+            except Exception:  # a bug must not end the watch for good: binding would stall every pod
+                delay = retry.next()
+                log.exception("pods nominated to %s: again in %.0f s", self._node, delay)
+                self._stopping.wait(delay)
 
     def _follow(self, rv: str) -> str:
         """One watch request, to its end; the resourceVersion to go on from."""

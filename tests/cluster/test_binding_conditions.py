@@ -10,6 +10,7 @@ on GPU 7; with `--no-binding-conditions` it stays in ContainerCreating on GPU 6.
 from __future__ import annotations
 
 import datetime
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -115,3 +116,58 @@ def test_without_binding_conditions_the_same_failure_sticks_the_pod(
     (result,) = claim_of(cluster, namespace, "stuck")["status"]["allocation"]["devices"]["results"]
     assert result["device"].startswith("gpu-6-"), result
     assert cluster.get("pod", "stuck", namespace)["status"]["phase"] == "Pending"
+
+
+def hang(tandem, gpu: int, step: str) -> None:
+    """Block NVML calls on `gpu` at `step` ("" releases them); `sim_nvml.hung_at` says when one got there."""
+    state = tandem.node.nvml_state
+    profile = sim_nvml.read_state(state)
+    profile.gpus[gpu].nvml_hang = step
+    sim_nvml.write_state(profile, state)
+    if step:
+        state.with_name(state.name + ".hung").unlink(missing_ok=True)
+
+
+def instances(tandem) -> list[tuple[int, str, int | None]]:
+    """(GPU, profile, compute instance) of every GPU instance on GPUs 6 and 7."""
+    gpus = sim_nvml.read_state(tandem.node.nvml_state).gpus
+    return sorted((g, m.profile, m.ci_id) for g in GPUS for m in gpus[g].mig_devices)
+
+
+def test_kill_between_making_the_partition_and_setting_its_condition(
+    cluster: Cluster, tandem, mig_gpus, namespace: str
+) -> None:
+    """Tandem killed right after NVML made the partition, before the condition is set; restarted,
+    it makes the partition again (start-up destroyed the one its dead predecessor noted) and the
+    pod runs on exactly one partition."""
+    tandem.restart("--dynamic-mig", "6,7")
+    wait_for("the partitions published", lambda: "gpu-6-mig-1g-10gb-p0" in cluster.devices())
+    step = "after:nvmlGpuInstanceCreateComputeInstance"
+    hang(tandem, 6, step)
+    cluster.apply(*one_g_pod(cluster, "killed"), namespace=namespace)
+    wait_for(f"Tandem stopped at {step}", lambda: sim_nvml.hung_at(tandem.node.nvml_state) == step, timeout=120)
+    assert not cluster.get("pod", "killed", namespace)["spec"].get("nodeName")  # still waiting to bind
+    tandem.node.stop(signal.SIGKILL)
+    hang(tandem, 6, "")
+    tandem.start(*tandem.flags)
+    assert "=MIG-" in wait_report(cluster, namespace, "killed", timeout=180)
+    assert [(p, ci) for _, p, ci in instances(tandem)] == [("1g.10gb", 0)]
+
+
+def test_a_pod_deleted_while_waiting_for_binding_leaves_no_partition(
+    cluster: Cluster, tandem, mig_gpus, namespace: str
+) -> None:
+    """The pod (and with it its claim) deleted while Tandem makes its partition: the partition,
+    finished after the claim is gone, is destroyed; the pod never ran."""
+    tandem.restart("--dynamic-mig", "6,7")
+    wait_for("the partitions published", lambda: "gpu-6-mig-1g-10gb-p0" in cluster.devices())
+    step = "after:nvmlDeviceCreateGpuInstanceWithPlacement"
+    hang(tandem, 6, step)
+    cluster.apply(*one_g_pod(cluster, "dropped"), namespace=namespace)
+    wait_for(f"Tandem stopped at {step}", lambda: sim_nvml.hung_at(tandem.node.nvml_state) == step, timeout=120)
+    assert [(g, p) for g, p, _ in instances(tandem)] == [(6, "1g.10gb")]  # its GPU instance, being made
+    cluster.kubectl("delete", "pod", "dropped", "-n", namespace, "--wait=true", "--timeout=120s")
+    wait_for("the claim deleted", lambda: not cluster.get("resourceclaims", namespace=namespace), timeout=120)
+    hang(tandem, 6, "")
+    wait_for("the partition destroyed", lambda: instances(tandem) == [], timeout=60)
+    assert not tandem.prepared_claims()

@@ -209,3 +209,32 @@ def test_events_for_a_failed_prepare_and_a_health_change(cluster: Cluster, tande
     wait_for("DeviceUnhealthy on the Node", lambda: on_node("DeviceUnhealthy"))
     wait_for("DeviceHealthy on the Node", lambda: on_node("DeviceHealthy"), timeout=QUIET * 5)
     assert "DeviceUnhealthy" in cluster.kubectl("describe", "node", cluster.node_name)
+
+
+def test_an_exclusive_nic_whose_link_just_went_down_is_not_bound_to(cluster: Cluster, tandem, namespace: str) -> None:
+    """With --nic-binding-conditions, a NIC is checked as it is at binding time: its link taken
+    down (and a debounce long enough that no taint has told the scheduler yet), the exclusive-NIC
+    pod's binding fails and the pod is not bound to this node."""
+    tandem.restart("--nic-binding-conditions", "--link-debounce", "300")
+    nic = wait_for("NICs with binding conditions", lambda: [n for n in nics(cluster) if n.get("bindingConditions")])[0]
+    home = attribute(nic, "ifName")
+    subprocess.run(["ip", "link", "set", "dev", home, "down"], check=True)
+    try:
+        assert not [t for t in cluster.devices()[nic["name"]].get("taints") or [] if t["key"].endswith("link-down")]
+        exclusive = {
+            "apiVersion": "tandem.dev/v1alpha1",
+            "kind": "NicConfig",
+            "mode": "exclusive",
+            "interfaceName": "net1",
+        }
+        config = [{"requests": ["nic"], "opaque": {"driver": "tandem.dev", "parameters": exclusive}}]
+        chosen = request("nic", "nic.tandem.dev", f'device.attributes["tandem.dev"].ifName == "{home}"')
+        cluster.apply(claim_template("down", [chosen], config=config), pod(cluster, "unbound", "true", {"nic": "down"}),
+                      namespace=namespace)  # fmt: skip
+        failed = "involvedObject.kind=ResourceClaim,reason=BindingFailed"
+        event = wait_for("BindingFailed on the claim", lambda: events(cluster, namespace, failed), timeout=120)[0]
+        assert home in event["message"] or nic["name"] in event["message"], event["message"]
+        assert not cluster.get("pod", "unbound", namespace)["spec"].get("nodeName")
+    finally:
+        subprocess.run(["ip", "link", "set", "dev", home, "up"], check=True)
+        tandem.ensure()
