@@ -24,6 +24,7 @@ from urllib.parse import quote
 from driver.ctl_format import OUTPUTS, RENDER, text
 from driver.errors import EndpointError
 from driver.health.gpu_release import RELEASE_TIMEOUT
+from driver.kubelet.liveness import unready
 from driver.status_socket import status_socket_path
 from driver.version import add_version_flag
 
@@ -86,9 +87,7 @@ def unready_reason(sock: Path, timeout: float) -> str | None:
         return str(e)
     if status != 200 or not isinstance(doc, dict):
         return f"the daemon's /health answered HTTP {status}"
-    if doc.get("ready") is True:
-        return None
-    return "; ".join(str(r) for r in doc.get("reasons", [])) or "the daemon says it is not ready"
+    return unready(doc)
 
 
 def _who() -> str:

@@ -6,6 +6,8 @@ runs the other way round and removes this instance's own sockets, so a rolling u
 instance keeps serving.
 
 The kubelet's gRPC server (both sockets, one polling thread) is `kubelet.server.KubeletServer`.
+Over 400 lines on purpose: this is the one place that knows every part and how they connect;
+split, the wiring would have to be read in two places to be understood.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import uuid
 from typing import Any
 
 from driver.claims.allocation import PrepareSettings
+from driver.claims.binding import SOURCE as BINDING_SOURCE
+from driver.claims.binding import PreBinder, with_binding_conditions
+from driver.claims.binding_pods import NominatedPods
 from driver.claims.checkpoint import Checkpoint, DeviceRecord, InstanceLock
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
@@ -31,6 +36,7 @@ from driver.claims.nic.homes import NicHomes
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
 from driver.claims.refresh import NetworkDataRefresh
+from driver.claims.usage import ClaimGpuUsage
 from driver.config import Config
 from driver.discovery.gpu import GpuDiscovery
 from driver.discovery.nic import NicDiscovery
@@ -41,9 +47,12 @@ from driver.health.cordon import CordonStore
 from driver.health.gpu import GpuHealthMonitor
 from driver.health.gpu_release import GpuReleases
 from driver.health.monitors import build_monitors, health_counters, xid_counts
+from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
 from driver.kube.api import KubeAPI
 from driver.kubelet.health import HealthBroadcaster
+from driver.kubelet.liveness import PROBE_PERIOD, ProbeFile, probe_path
+from driver.kubelet.liveness import check as check_alive
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
 from driver.kubelet.server import KubeletServer
 from driver.metrics import Metrics, MetricsServer, ScrapeSources
@@ -112,6 +121,7 @@ class Daemon:
             config.nvidia_driver_root,
             needed=lambda: mps_gpus(recorded(), self.inventory.get),
             complete=lambda: not self.checkpoint.incomplete,
+            sysfs_root=config.sysfs_root,
         )
         self.time_slices = TimeSlices(
             self.data_dir,
@@ -141,12 +151,17 @@ class Daemon:
             prepare=self.preparer.prepare,
             partitions=self.partitions,
         )
+        self.monitors = build_monitors(config, self.inventory)
+        self.binding, self._nominated = self._build_binding(settings)
         self.publisher = SlicePublisher(
             api=self.api,
             driver_name=config.driver_name,
             node_name=config.node_name,
-            get_devices=self.inventory.devices,
-        )
+            get_devices=lambda: with_binding_conditions(
+                self.inventory.devices(), config.driver_name, config.mig_binding_conditions and self.binding is not None,
+                config.nic_binding_conditions,
+            ),
+        )  # fmt: skip
         self.inventory.subscribe(self.publisher.trigger)
         # A prepared NIC's addresses can change later (DHCP, renumbering): follow them into the
         # claim's metadata and status.
@@ -156,10 +171,10 @@ class Daemon:
         self.network_refresh = Coalescer("nic-address-refresh", network_data.run)
         self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
-        self.monitors = build_monitors(config, self.inventory)
         self.metrics = Metrics(self.inventory, ScrapeSources(
             lambda: self.publisher.stats, lambda: health_counters(self.monitors), lambda: xid_counts(self.monitors),
             prepared=lambda: len(self.checkpoint.read()), events_dropped=lambda: self.events.dropped,
+            claim_gpus=ClaimGpuUsage(self.checkpoint.read, self.inventory.get, config.nvidia_driver_root).read,
         ))  # fmt: skip
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
         # `tandemctl release`: GPU resets and driver upgrades need Tandem to let go of NVML; a
@@ -179,6 +194,25 @@ class Daemon:
         self._nic_watcher: NicWatcher | None = None
         self.sources: list[RefreshLoop] = self._build_sources()
         self.kubelet_server = KubeletServer(config.driver_name, self.dra_socket, self.reg_socket)
+
+    def _build_binding(self, settings: PrepareSettings) -> tuple[PreBinder | None, NominatedPods | None]:
+        """Binding conditions (`driver.claims.binding`): only where a device carries them."""
+        cfg = self.config
+        if not (
+            (cfg.mig_binding_conditions and cfg.dynamic_mig != type(cfg.dynamic_mig)()) or cfg.nic_binding_conditions
+        ):
+            return None, None
+        nics = [m for m in self.monitors if isinstance(m, NicHealthMonitor)]
+        binder = PreBinder(
+            self.api, settings, self.checkpoint, self.partitions, self.preparer.claim_locks,
+            lookup=self.inventory.get, devices=self.inventory.devices,
+            taint=lambda name, conds: self.inventory.set_conditions(BINDING_SOURCE, name, conds),
+            report=lambda ref, error: self.events.binding_failed(ref.namespace, ref.name, ref.uid, error),
+            nic_fault=nics[0].fault_now if nics else lambda _name: None,
+            on_ready=lambda seconds: self.metrics.binding_seconds.observe(seconds),
+            on_failure=lambda reason: self.metrics.binding_failed(reason),
+        )  # fmt: skip
+        return binder, NominatedPods(self.api, cfg.node_name, binder.want)
 
     def _build_sources(self) -> list[RefreshLoop]:
         cfg = self.config
@@ -296,6 +330,7 @@ class Daemon:
             "slices": self.publisher.summary(),
             "problems": problems + self.publisher.progress.problems(),
             "unready": self.publisher.progress.unready(),
+            "binding": self.binding.waiting() if self.binding is not None else [],
         }
 
     def start(self) -> None:
@@ -340,6 +375,9 @@ class Daemon:
             log.warning("time slices: %s (retried at the next prepare or unprepare)", e)
         self.mps.start()
         self.network_refresh.start()
+        if self.binding is not None and self._nominated is not None:  # after reconcile's MIG collect
+            self.binding.start()
+            self._nominated.start()
         self.kubelet_server.start(self.preparer, self.health, self.metrics)
         # What start-up made (modules, discovery, the servers) lives as long as the daemon: moved
         # out of the collector's sight, a full collection scans only what came later (well under
@@ -358,6 +396,9 @@ class Daemon:
         self.health.close()  # open health streams end now instead of holding the grace period
         self.kubelet_server.stop(SHUTDOWN_GRACE)
         self.network_refresh.stop()
+        if self.binding is not None and self._nominated is not None:
+            self._nominated.stop()
+            self.binding.stop()
         self.preparer.close()
         self.mps.stop()  # the daemons stay, for the claims that use them
         if self._nic_watcher is not None:
@@ -392,6 +433,16 @@ def run_daemon(config: Config) -> int:
         return 1
     # SIGHUP: rediscover now (after a driver reload, a hot-plug or a MIG reconfiguration).
     signal.signal(signal.SIGHUP, lambda _s, _f: daemon.rediscover())
-    stop.wait()
+    # The main loop keeps the kubelet's probes' verdict (driver/kubelet/liveness.py, ProbeFile).
+    registration = registration_socket_path(config.registrar_dir, config.driver_name, config.pod_uid)
+    probe = ProbeFile(
+        probe_path(config.data_dir, config.pod_uid),
+        lambda: check_alive(registration, config.driver_name, timeout=PROBE_PERIOD / 2),
+        daemon.status.health,
+    )
+    probe.refresh()
+    while not stop.wait(PROBE_PERIOD):
+        probe.refresh()
+    probe.remove()
     daemon.stop()
     return 0

@@ -29,6 +29,7 @@ and kinds, so it cannot go stale:
     │   ├── node.nvml.DeviceSkipped                 NVML cannot identify a device: not published
     │   ├── discovery.nic_sysfs.NicError            sysfs says what cannot be true of a NIC
     │   ├── claims.gpu.mig.MigError                 a MIG device not made or not destroyed
+    │   ├── claims.binding.NotReady                 a device not ready for its pod before binding
     │   ├── claims.gpu.mps.MpsError                 a GPU's MPS control daemon not started
     │   └── claims.gpu.time_slices.TimeSliceError   a GPU's time slice not set
     ├── NodeError                                   kind "node": the node around the devices
@@ -45,9 +46,9 @@ and kinds, so it cannot go stale:
     │   ├── claims.device_nodes.DeviceNodeError     a device node missing that cannot be made
     │   └── claims.metadata_format.MetadataError    device metadata not written or not readable
     ├── ApiServerError                              kind "api": the API server
-    │   └── kube.api.ApiError                       a failed API call (`status`, `retryable`)
-    │       ├── kube.api.Conflict
-    │       └── kube.api.NotFound
+    │   └── kube.errors.ApiError                    a failed API call (`status`, `retryable`)
+    │       ├── kube.errors.Conflict
+    │       └── kube.errors.NotFound
     └── EndpointError                               kind "endpoint": Tandem's own sockets, either end
         ├── status_socket.RequestError              a refused status-socket request (its HTTP status)
         ├── status_docs.UnknownClaim                `tandemctl claim`: a claim the daemon knows nothing of

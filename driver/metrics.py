@@ -11,7 +11,9 @@ Cardinality is bounded by the node, never by its tenants: one health series per 
 current state only), a taint series per published taint (at most 16 a device, by the API), XIDs by
 the caller's bounded codes, errors by kind; no label holds a claim UID, and no counter has a
 `_created` twin. docs/deployment.md states the count for an 8-GPU + 8-NIC node with dynamic MIG,
-and tests/unit/test_metrics.py keeps it.
+and tests/unit/test_metrics.py keeps it. The one exception, `tandem_claim_gpu_*`, is bounded by
+what the node has prepared (at most three series per pod holding a GPU or MIG device, gone with
+the claim's record); its claim and pod labels are names the API server validated, never a UID.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from prometheus_client.registry import Collector
 
 from driver.errors import Kind
 from driver.inventory import Inventory
-from driver.model import DeviceKind
+from driver.model import BINDING_FAILURE_REASONS, DeviceKind
 from driver.version import build
 
 log = logging.getLogger(__name__)
@@ -71,6 +73,31 @@ class SliceStats(Protocol):
     def published_at(self) -> float | None: ...
 
 
+class ClaimGpu(Protocol):
+    """What is read of a prepared claim's GPU (`driver.claims.usage.GpuUsage`, a sibling's):
+    the labels of its series, and NVML's values, None where NVML gave none."""
+
+    @property
+    def namespace(self) -> str: ...
+    @property
+    def pod(self) -> str: ...
+    @property
+    def claim(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def utilization(self) -> float | None: ...
+    @property
+    def memory_used(self) -> int | None: ...
+    @property
+    def memory_total(self) -> int | None: ...
+
+
+CLAIM_GPU_LABELS = ["namespace", "pod", "claim", "device", "uuid"]
+
+
 class _ScrapeCollector(Collector):
     """Reads the inventory and the stats callables on every scrape.
 
@@ -88,6 +115,7 @@ class _ScrapeCollector(Collector):
             ("slice publisher", self._slice_families),
             ("health counters", self._health_families),
             ("claims and events", self._other_families),
+            ("claims' GPUs", self._claim_gpu_families),
         ):
             try:
                 families = list(part())
@@ -179,6 +207,28 @@ class _ScrapeCollector(Collector):
                 "dropped by the full queue or the per-object rate limit.", value=float(self._sources.events_dropped()),
             )  # fmt: skip
 
+    def _claim_gpu_families(self) -> Iterator[Metric]:
+        """One series per pod, claim and GPU or MIG device, only while the claim is prepared."""
+        if self._sources.claim_gpus is None:
+            return
+        utilization = GaugeMetricFamily(
+            "tandem_claim_gpu_utilization_ratio", "Fraction of NVML's last sample period in which a kernel ran on "
+            "the claim's GPU (the whole GPU, shared or not; none on MIG devices).", labels=CLAIM_GPU_LABELS,
+        )  # fmt: skip
+        used = GaugeMetricFamily(
+            "tandem_claim_gpu_memory_used_bytes", "Memory in use on the claim's GPU or MIG device.",
+            labels=CLAIM_GPU_LABELS,
+        )  # fmt: skip
+        total = GaugeMetricFamily(
+            "tandem_claim_gpu_memory_total_bytes", "Memory of the claim's GPU or MIG device.", labels=CLAIM_GPU_LABELS
+        )
+        for g in self._sources.claim_gpus():
+            labels = [g.namespace, g.pod, g.claim, g.device, g.uuid]
+            for family, value in ((utilization, g.utilization), (used, g.memory_used), (total, g.memory_total)):
+                if value is not None:
+                    family.add_metric(labels, float(value))
+        yield from (utilization, used, total)
+
 
 @dataclass
 class MetricsServer:
@@ -215,6 +265,7 @@ class ScrapeSources:
     xids: Callable[[], Mapping[str, int]] | None = None  # by XID label value: a known code or "other"
     prepared: Callable[[], int] | None = None
     events_dropped: Callable[[], int] | None = None
+    claim_gpus: Callable[[], Sequence[ClaimGpu]] | None = None  # one per pod holding a prepared GPU
 
 
 class _CallSeries(NamedTuple):
@@ -249,12 +300,26 @@ class Metrics:
             "tandem_node_calls_in_flight", "Kubelet calls running now.", ["op"], registry=self.registry
         )
         self._errors = Counter(
-            "tandem_prepare_errors",
-            "Claims whose prepare failed, by whose problem it was (driver/errors.py): config is the claim's "
-            "own (a tenant's typo), device, node, api, endpoint, or other (a bug).",
-            ["error_type"],
+            "tandem_claim_errors",
+            "Claims whose prepare or unprepare failed, by whose problem it was (driver/errors.py): config is "
+            "the claim's own (a tenant's typo), device, node, api, endpoint, or other (a bug).",
+            ["op", "error_type"],
             registry=self.registry,
         )
+        # Binding conditions (driver/claims/binding.py): how long a claim waits for them, and why they fail.
+        self.binding_seconds = Histogram(
+            "tandem_binding_condition_seconds",
+            "From a claim seen allocated here with binding conditions to its conditions set True "
+            "(dynamic-MIG partitions made, NICs checked).",
+            buckets=CALL_BUCKETS,
+            registry=self.registry,
+        )
+        self._binding_failures = Counter(
+            "tandem_binding_failures", "Claims whose devices could not be made ready before binding, by reason.",
+            ["reason"], registry=self.registry,
+        )  # fmt: skip
+        for reason in BINDING_FAILURE_REASONS:
+            self._binding_failures.labels(reason)
         version, commit = build()
         Gauge(
             "tandem_build_info", "1, labelled with this build's version and commit.", ["version", "commit"],
@@ -271,8 +336,9 @@ class Metrics:
             )
             for op in OPS
         }
-        for kind in get_args(Kind):
-            self._errors.labels(kind)
+        for op in OPS:
+            for kind in get_args(Kind):
+                self._errors.labels(op, kind)
         for op in OPS:
             self._in_flight.labels(op)
         self.registry.register(_ScrapeCollector(inventory, sources))
@@ -284,8 +350,8 @@ class Metrics:
 
     def observe(self, op: str, seconds: float, claims: int, errors: Sequence[str]) -> None:
         """One kubelet call of `op` that took `seconds` for `claims` claims; `errors` has one entry
-        per failed claim, the kind of its error (driver/errors.py), "" where the path does not say.
-        A kind outside the tree counts as "other", so the label stays bounded."""
+        per failed claim, the kind of its error (driver/errors.py). A kind outside the tree counts
+        as "other", so the label stays bounded."""
         failed = min(len(errors), max(claims, 0))
         series = self._series[op]
         series.calls.inc()
@@ -293,8 +359,10 @@ class Metrics:
         series.errors.inc(failed)
         series.seconds.observe(max(seconds, 0.0))
         for kind in errors[:failed]:
-            if kind:
-                self._errors.labels(kind if kind in get_args(Kind) else "other").inc()
+            self._errors.labels(op, kind if kind in get_args(Kind) else "other").inc()
+
+    def binding_failed(self, reason: str) -> None:
+        self._binding_failures.labels(reason if reason in BINDING_FAILURE_REASONS else "other").inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -17,8 +17,8 @@ a GPU was reset: `health.gpu_resets`). Errors are {"error": "..."} with a 4xx/5x
 
 /health's `status` is "healthy", "degraded" (a device, the registration, a discovery source), or
 "unhealthy": the node's devices may be invisible to the scheduler (no ResourceSlices published).
-Its `ready` (what `tandem-driver liveness --ready`, the readiness probe, asks) is false exactly
-while the node is unhealthy, or while the daemon's own facts cannot be read.
+Its `ready` (what `tandem-driver liveness --ready` and the probe file, `driver.kubelet.liveness`,
+say) is false exactly while the node is unhealthy, or while the daemon's own facts cannot be read.
 """
 
 from __future__ import annotations

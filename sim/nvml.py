@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 
 from cdi import atomic_write
-from sim.profile import NodeProfile
+from sim.profile import GpuSpec, MigDeviceSpec, NodeProfile
 
 FAKE_PYNVML_DIR: Path = Path(__file__).resolve().parent / "fake_pynvml"
 STATE_ENV = "TANDEM_SIM_NVML_STATE"
@@ -77,6 +77,26 @@ def set_compute_policy_fault(state_path: Path, uuid: str, failing: bool) -> None
         faults = set()
     faults = faults | {uuid} if failing else faults - {uuid}
     _replace(path, json.dumps(sorted(faults)))
+
+
+def set_usage(state_path: Path, uuid: str, *, utilization: int | None = None, memory_used: int | None = None) -> None:
+    """What the GPU or MIG device `uuid` is doing, as NVML will report it: the GPU's utilisation
+    (percent) and the device's memory in use (bytes). Unchanged where None."""
+    profile = read_state(state_path)
+    for gpu in profile.gpus:
+        devices: list[GpuSpec | MigDeviceSpec] = [gpu, *gpu.mig_devices]
+        for device in devices:
+            if device.uuid != uuid:
+                continue
+            if utilization is not None:
+                if device is not gpu:
+                    raise ValueError(f"{uuid} is a MIG device: NVML measures no utilisation of it")
+                gpu.utilization_gpu = utilization
+            if memory_used is not None:
+                device.memory_used_bytes = memory_used
+            write_state(profile, state_path)
+            return
+    raise LookupError(f"no GPU or MIG device {uuid} in {state_path}")
 
 
 def write_driver_unloaded(path: Path) -> None:

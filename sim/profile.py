@@ -140,6 +140,7 @@ class MigDeviceSpec:
     jpeg: int = 1
     ofa: int = 0
     ci_start: int = 0  # the compute instance's first compute slice within the GPU instance
+    memory_used_bytes: int = 0  # nvmlDeviceGetMemoryInfo's `used` on the MIG device's handle
 
 
 @dataclass
@@ -193,6 +194,11 @@ class GpuSpec:
     # The compute policy's time slice, 0..3 (Default..Long): `nvidia-smi compute-policy
     # --set-timeslice` sets it (`sim.nvidia_smi`); NVML has no public getter for it.
     time_slice: int = 0
+    # What the GPU is doing, for a test to set: nvmlDeviceGetUtilizationRates' `gpu` and `memory`
+    # (percent of the last sample period) and nvmlDeviceGetMemoryInfo's `used`.
+    utilization_gpu: int = 0
+    utilization_memory: int = 0
+    memory_used_bytes: int = 0
 
 
 @dataclass

@@ -60,7 +60,7 @@ from driver.claims.nic.homes import NicHomes
 from driver.claims.nic.modes import check_nic_modes
 from driver.claims.opaque_config import ConfigDecodeError, opaque_entries, resolve
 from driver.claims.status import current_devices, network_data, status_entries
-from driver.claims.unprepare import Unpreparer
+from driver.claims.unprepare import Unprepared, Unpreparer
 from driver.claims.vocabulary import PrepareState
 from driver.errors import Kind, error_kind
 from driver.kube.types import ResourceClaim
@@ -148,10 +148,10 @@ class Preparer:
                 self._report_failure(ref, results[ref.uid].error)
         return {r.uid: results[r.uid] for r in refs}
 
-    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, str]:
+    def unprepare(self, refs: Sequence[ClaimRef]) -> dict[str, Unprepared]:
         valid, invalid = self._valid_refs(refs, "unprepare")
         # Nothing with an invalid reference can have been prepared: succeed so the kubelet stops asking.
-        results = dict.fromkeys(invalid, "")
+        results = dict.fromkeys(invalid, Unprepared())
         with self.claim_locks.hold_all(valid):
             results.update(zip(valid, self._each(self._unpreparer.unprepare, valid.values()), strict=True))
         return {r.uid: results[r.uid] for r in refs}

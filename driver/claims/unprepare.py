@@ -15,15 +15,25 @@ its claim unprepared under it meanwhile takes its files and status away the same
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from driver.claims.allocation import ClaimAPI, ClaimRef, PendingApply
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
 from driver.claims.gpu.sharing import GpuSharing
+from driver.errors import Kind, error_kind
 from driver.logs import log_context
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Unprepared:
+    """One claim's unprepare as the kubelet and the metrics see it."""
+
+    error: str = ""  # for the kubelet, which retries
+    error_kind: Kind | None = None  # with an error: whose problem it was (driver/errors.py), for metrics
 
 
 class Unpreparer:
@@ -45,8 +55,8 @@ class Unpreparer:
         self._sharing = sharing
         self._driver_name = driver_name
 
-    def unprepare(self, ref: ClaimRef) -> str:
-        """The claim unprepared: "" when done, else the error for the kubelet, which retries."""
+    def unprepare(self, ref: ClaimRef) -> Unprepared:
+        """The claim unprepared, or why not."""
         ctx = {"claim": ref.uid, "op": "unprepare", "claim_namespace": ref.namespace, "claim_name": ref.name}
         with log_context(**ctx):
             try:
@@ -62,16 +72,16 @@ class Unpreparer:
                 self._partitions.destroy(ref.uid, [d.mig for d in record.devices if d.mig] if record else [])
                 if record is None:
                     log.info("claim has no record here: only its files and status, if any, were removed", extra=ctx)
-                    return ""
+                    return Unprepared()
                 with self._checkpoint.transaction() as claims:
                     claims.pop(ref.uid, None)
                 if any(d.sharing for d in record.devices):
                     self._sharing.released()  # its GPU's MPS daemon, if no other claim needs it
                 log.info("unprepared", extra=ctx)
-                return ""
+                return Unprepared()
             except Exception as e:
                 log.exception("unprepare failed", extra=ctx)
-                return f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}"
+                return Unprepared(f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}", error_kind(e))
 
     def take_away(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
         """The claim's files removed while the server withdraws our status entries (module docstring)."""

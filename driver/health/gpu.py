@@ -25,6 +25,8 @@ publishing `gpu_conditions`; the counters `gpu_counters`. This is the thread tha
 
 Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
 monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
+Over 400 lines on purpose: the loop, the events and the probe share one NVML session and state
+that only this thread touches, and split apart they would have to hand both across modules.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from driver.backoff import Backoff, Retry
 from driver.health import nvml_events
 from driver.health.gpu_conditions import GpuConditions
 from driver.health.gpu_counters import GpuHealthCounters, SharedCounters
+from driver.health.gpu_held import HeldResets
 from driver.health.gpu_memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
 from driver.health.gpu_policy import (
     NO_INSTANCE,
@@ -92,6 +95,7 @@ class GpuHealthMonitor:
         clock: Callable[[], float] = time.monotonic,
         init_backoff: Backoff = INIT_BACKOFF,
         evidence: ResetEvidence = RESET_EVIDENCE,
+        held: HeldResets | None = None,  # where what waits for a reset outlives the daemon
     ) -> None:
         self.inventory = inventory
         self.policy = policy
@@ -102,7 +106,7 @@ class GpuHealthMonitor:
         self.clock = clock
         self.init_backoff = init_backoff
         self.evidence = evidence
-        self._conditions = GpuConditions(inventory, policy, source)
+        self._conditions = GpuConditions(inventory, policy, source, held)
         self._ecc = EccLedger()
         self._counters = SharedCounters()
         self._stop = threading.Event()
@@ -119,6 +123,7 @@ class GpuHealthMonitor:
     def start(self) -> None:
         if self._thread is not None:
             raise RuntimeError("the GPU health monitor was already started")
+        self._conditions.restore(self.clock())  # before the thread: its first probe publishes them
         self.inventory.subscribe(self._inventory_changed)
         NVML_ACCESS.subscribe(self._wake.set)
         self.evidence.subscribe(self._wake.set)

@@ -10,6 +10,8 @@ instance of its own, so only its GPU's.
 
 Kept apart from the monitor's thread (`driver.health.gpu`), which talks to NVML, so that what is
 known and what is written to the inventory live in one place. Only that thread uses it: no lock.
+What is held until a reset is written to the data dir with every publish that changed it, and
+held again when the daemon starts (`gpu_held`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from driver.health.gpu_held import HeldResets
 from driver.health.gpu_memory import EventRate
 from driver.health.gpu_policy import GPU_LOST, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
 from driver.health.gpu_resets import EVERY_GPU
@@ -30,14 +33,24 @@ class GpuConditions:
     """The state by UUID (`state`), the single-bit ECC rate of each GPU, and the conditions each
     device was last published with, so that only a device whose set changed is written."""
 
-    def __init__(self, inventory: Inventory, policy: GpuHealthPolicy, source: str) -> None:
+    def __init__(
+        self, inventory: Inventory, policy: GpuHealthPolicy, source: str, held: HeldResets | None = None
+    ) -> None:
+        """`held`: where the held set outlives the daemon; None keeps it in memory only."""
         self.inventory = inventory
         self.policy = policy
         self.source = source
         self.state = HealthState(policy)
+        self._held = held
         self._sbe_rate: dict[str, EventRate] = {}
         self._published: dict[str, frozenset[Condition]] = {}  # device name -> its conditions as published
         self._lost: set[str] = set()  # GPUs the last probe found lost (off the bus)
+
+    def restore(self, now: float) -> None:
+        """Holds again what was held until a reset when the daemon stopped (`gpu_held`)."""
+        if self._held is not None:
+            for subject, cond in self._held.load(self.policy):
+                self.state.observe(subject, cond, now, until_reset=True)
 
     def observe(self, subjects: Iterable[str], cond: Condition, now: float, until_reset: bool = False) -> bool:
         """Records an event against each subject; whether any subject's conditions changed."""
@@ -77,8 +90,13 @@ class GpuConditions:
             self.reset({gpu.uuid: "it was lost (off the bus) and answers again"}, {gpu.uuid: gpu})
 
     def forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
-        """Drops what is known of GPUs and instances no longer in the inventory."""
+        """Drops what is known of GPUs and instances no longer in the inventory; a GPU whose held
+        reset XIDs were restored is not gone until it was found (`gpu_held`)."""
         present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
+        if self._held is not None:
+            for subject in self._held.found(gpus):
+                self.state.clear_reset(subject)
+            present |= self._held.waiting()
         for subject in self.state.subjects() - present:
             self.state.forget(subject)
         for uuid in set(self._sbe_rate) - set(gpus):
@@ -111,3 +129,5 @@ class GpuConditions:
             else:
                 del self._published[d]
                 log.info("%s: no GPU health conditions", d)
+        if self._held is not None:
+            self._held.save(self.state.held(), gpus, self.policy)

@@ -48,6 +48,10 @@ reset XIDs from evicting, whether the action or the catalog said reset;
 changes the effect of the key's *fault* conditions only:
 informational ones (ignored XIDs, the single-bit ECC rate notice) stay None; to make an XID a
 fault, leave it out of the ignored set.
+
+Over 400 lines on purpose: the XID classes, the state that holds their conditions and the devices
+an event is about are the one set of rules the monitor applies; apart, a rule and the state it
+governs would be read in two places.
 """
 
 from __future__ import annotations
@@ -325,6 +329,10 @@ class HealthState:
         """The subject's GPU was reset (`gpu_resets`): drop what waited for it; whether anything did."""
         return self._until_reset.pop(subject, None) is not None
 
+    def held(self) -> dict[str, frozenset[Condition]]:
+        """Each subject's conditions held until a reset (`observe(until_reset=True)`)."""
+        return {s: frozenset(c for c, _ in conds.values()) for s, conds in self._until_reset.items() if conds}
+
     def forget(self, subject: str) -> bool:
         had = subject in self.subjects()
         for store in (self._transient, self._until_reset, self._hard):
@@ -353,21 +361,24 @@ class GpuDevices:
     # dynamic-MIG partition not made yet). A name outlives its instance: a MIG device made again
     # at the same GI/CI, a GPU swapped in at the same minor.
     instances: Mapping[str, str] = field(default_factory=dict)
+    pci: str = ""  # the GPU's PCI address: with its UUID, what names a held reset XID's GPU (`gpu_held`)
 
 
 def index_gpus(devices: Iterable[Device]) -> dict[str, GpuDevices]:
     """Group the inventory's GPU and MIG devices by the UUID of the physical GPU."""
     instances: dict[str, dict[str, str]] = {}
     migs: dict[str, dict[tuple[int, int], str]] = {}
+    pci: dict[str, str] = {}
     for d in devices:
         info = d.gpu
         parent = (info.parent_uuid or info.uuid) if info is not None else ""
         if info is None or not parent:  # a dynamic-MIG partition not made yet has only its parent's
             continue
         instances.setdefault(parent, {})[d.name] = info.uuid
+        pci.setdefault(parent, info.pci_bus_id)  # a MIG device's is its GPU's
         if info.parent_uuid and info.mig_gi is not None and info.mig_ci is not None:
             migs.setdefault(parent, {})[(info.mig_gi, info.mig_ci)] = d.name
-    return {u: GpuDevices(u, tuple(sorted(n)), migs.get(u, {}), n) for u, n in instances.items()}
+    return {u: GpuDevices(u, tuple(sorted(n)), migs.get(u, {}), n, pci[u]) for u, n in instances.items()}
 
 
 NO_INSTANCE = 0xFFFFFFFF  # NVML's "not attributable to a GPU/compute instance"

@@ -13,6 +13,8 @@ the fault again. So such a condition is held until there is evidence (`HealthSta
   GPU is reset or re-enumerated) answering again. A GPU that leaves the inventory and comes back
   under its UUID starts clean anyway: what was known of it is forgotten (`GpuConditions.forget_gone`).
 
+A held condition outlives a restart of the daemon (`gpu_held`); a reboot is evidence.
+
 Process-wide, like `node.nvml.NVML_ACCESS`: the status socket and the releases on one side and the
 monitor's thread on the other are built apart. Pending evidence is kept per GPU (the latest), so
 it is bounded by the number of GPUs however often an operator repeats it.

@@ -10,8 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from driver.config import Config
+from driver.fsutil import boot_id
 from driver.health import effects_for, parse_taint_effects
 from driver.health.gpu import GpuHealthMonitor
+from driver.health.gpu_held import HeldResets
 from driver.health.gpu_policy import APPLICATION_XIDS, RESET_XIDS, GpuHealthPolicy
 from driver.health.nic import NicHealthMonitor
 from driver.inventory import Inventory
@@ -36,7 +38,8 @@ def build_monitors(cfg: Config, inventory: Inventory) -> list[Monitor]:
             xid_quiet_period=cfg.health_quiet_period,
             ecc_quiet_period=cfg.health_quiet_period,
         )
-        monitors.append(GpuHealthMonitor(inventory, policy, driver_root=cfg.nvidia_driver_root))
+        held = HeldResets(cfg.data_dir, boot_id())
+        monitors.append(GpuHealthMonitor(inventory, policy, driver_root=cfg.nvidia_driver_root, held=held))
     if DeviceKind.NIC in cfg.device_kinds:
         monitors.append(
             NicHealthMonitor(

@@ -16,7 +16,8 @@ from typing import Protocol
 import grpc
 
 from driver.claims.allocation import ClaimRef
-from driver.claims.prepare import Preparer
+from driver.claims.prepare import Preparer, PrepareResult
+from driver.claims.unprepare import Unprepared
 from driver.kubelet.api.dra.v1 import api_pb2 as v1_pb2
 from driver.kubelet.api.dra.v1 import api_pb2_grpc as v1_grpc
 from driver.kubelet.api.dra.v1beta1 import api_pb2 as v1beta1_pb2
@@ -37,6 +38,11 @@ def _refs(request: PrepareRequest | UnprepareRequest) -> list[ClaimRef]:
     return [ClaimRef(namespace=c.namespace, name=c.name, uid=c.uid) for c in request.claims]
 
 
+def _failed_kinds(results: dict[str, PrepareResult] | dict[str, Unprepared]) -> list[str]:
+    """The kind of each failed claim's error, for the metrics; "other" where none was given (a bug)."""
+    return [r.error_kind or "other" for r in results.values() if r.error]
+
+
 class CallMetrics(Protocol):
     """What counts the kubelet's calls (`driver.metrics.Metrics`)."""
 
@@ -44,8 +50,7 @@ class CallMetrics(Protocol):
         """Held while a call of `op` runs."""
 
     def observe(self, op: str, seconds: float, claims: int, errors: Sequence[str]) -> None:
-        """One finished call; `errors` has one entry per failed claim: its error's kind, or "" where
-        the path does not say (unprepare)."""
+        """One finished call; `errors` has one entry per failed claim: its error's kind."""
 
 
 class _Ignore:
@@ -67,13 +72,17 @@ class _DRAPluginBase:
         self._preparer = preparer
         self._metrics = metrics
 
+    def _counted(self, refs: list[ClaimRef]) -> CallMetrics:
+        """The metrics of a call with claims: an empty one is a liveness check (the daemon checks
+        itself every 10 s, `driver.kubelet.liveness`), which would swamp the call rate."""
+        return self._metrics if refs else NO_METRICS
+
     def NodePrepareResources(self, request: PrepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
-        t0 = time.monotonic()
-        with self._metrics.in_flight("prepare"):
+        t0, metrics = time.monotonic(), self._counted(refs)
+        with metrics.in_flight("prepare"):
             results = self._preparer.prepare(refs, alive=context.is_active)
-        errors = [r.error_kind or "other" for r in results.values() if r.error]
-        self._metrics.observe("prepare", time.monotonic() - t0, len(refs), errors)
+        metrics.observe("prepare", time.monotonic() - t0, len(refs), _failed_kinds(results))
         resp = self.pb2.NodePrepareResourcesResponse()
         for uid, result in results.items():
             entry = resp.claims[uid]
@@ -93,13 +102,13 @@ class _DRAPluginBase:
 
     def NodeUnprepareResources(self, request: UnprepareRequest, context: grpc.ServicerContext) -> object:
         refs = _refs(request)
-        t0 = time.monotonic()
-        with self._metrics.in_flight("unprepare"):
-            errors = self._preparer.unprepare(refs)
-        self._metrics.observe("unprepare", time.monotonic() - t0, len(refs), ["" for e in errors.values() if e])
+        t0, metrics = time.monotonic(), self._counted(refs)
+        with metrics.in_flight("unprepare"):
+            results = self._preparer.unprepare(refs)
+        metrics.observe("unprepare", time.monotonic() - t0, len(refs), _failed_kinds(results))
         resp = self.pb2.NodeUnprepareResourcesResponse()
-        for uid, error in errors.items():
-            resp.claims[uid].error = error
+        for uid, result in results.items():
+            resp.claims[uid].error = result.error
         return resp
 
 

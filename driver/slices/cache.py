@@ -189,12 +189,7 @@ class LiveSlices:
                         log.info("ResourceSlice watch expired (%s); listing again", exc)
                     else:
                         self._failed(exc)
-                self._stop.wait(backoff.next(retry_after(exc)))
-                try:
-                    rv = self.relist()
-                except Exception as list_exc:
-                    self._failed(list_exc)
-                    self._stop.wait(backoff.next(retry_after(list_exc)))
+                rv = self._relist_until_listed(backoff, exc)
                 continue
             # The server ended the watch. Resume from the last version seen; a server that keeps
             # closing watches at once must not turn this into a busy loop.
@@ -202,6 +197,24 @@ class LiveSlices:
                 self._stop.wait(backoff.next())
             else:
                 backoff.reset()
+
+    def _relist_until_listed(self, backoff: Retry, exc: BaseException) -> str:
+        """After a failed watch: list again, with backoff, until a list succeeds; its version.
+
+        Only a list makes the cache `current` again. A watch resumed from the last version seen
+        instead (a list failed, then the server came back) can run for its whole timeout while the
+        cache stays not current, and it resumes without a list when it ends: the publisher
+        confirmed nothing for as long, and the node stayed degraded (a real kube-apiserver,
+        restarted, accepts that version when nothing was written meanwhile)."""
+        while True:
+            self._stop.wait(backoff.next(retry_after(exc)))
+            if self._stop.is_set():
+                return ""
+            try:
+                return self.relist()
+            except Exception as list_exc:
+                self._failed(list_exc)
+                exc = list_exc
 
     def _apply_event(self, etype: str, obj: dict[str, Any]) -> None:
         name = metadata(obj).get("name")

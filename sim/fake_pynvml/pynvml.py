@@ -45,6 +45,11 @@ recovery action (`recovery_action`, an `NVML_GPU_RECOVERY_ACTION_*` value) is th
 (`null`) models a driver without that field: the call succeeds and the field's own `nvmlReturn`
 is `NVML_ERROR_NOT_SUPPORTED`, as NVML reports a field it does not know.
 
+Usage (profile fields, `sim.nvml.set_usage`): a GPU's `utilization_gpu` and `utilization_memory`
+are `nvmlDeviceGetUtilizationRates`' answer (NOT_SUPPORTED on a GPU in MIG mode and on its MIG
+devices, as NVML documents), and a GPU's or MIG device's `memory_used_bytes` the `used` of
+`nvmlDeviceGetMemoryInfo` on its handle.
+
 The library is loaded once per process, at the first nvmlInit: when the state's `driver_version`
 changes later (a driver upgrade), nvmlInit fails with NVML_ERROR_LIB_RM_VERSION_MISMATCH, as the
 real library does in a process that outlived the upgrade.
@@ -355,6 +360,10 @@ def nvmlErrorString(result: int) -> str:
 
 class c_nvmlMemory_t(Structure):
     _fields_ = [("total", c_ulonglong), ("free", c_ulonglong), ("used", c_ulonglong)]
+
+
+class c_nvmlUtilization_t(Structure):
+    _fields_ = [("gpu", c_uint), ("memory", c_uint)]
 
 
 class nvmlPciInfo_t(Structure):
@@ -735,9 +744,21 @@ def nvmlDeviceGetCudaComputeCapability(handle: c_nvmlDevice_t) -> tuple[int, int
 
 
 def nvmlDeviceGetMemoryInfo(handle: c_nvmlDevice_t, version: int | None = None) -> c_nvmlMemory_t:
+    """A MIG device's handle gives its own memory, as NVML's per-instance answer does."""
     gpu, mig = _resolve("nvmlDeviceGetMemoryInfo", handle)
-    total = int((mig or gpu)["memory_bytes"])
-    return c_nvmlMemory_t(total=total, free=total, used=0)
+    device = mig or gpu
+    total = int(device["memory_bytes"])
+    used = min(int(device.get("memory_used_bytes", 0)), total)
+    return c_nvmlMemory_t(total=total, free=total - used, used=used)
+
+
+def nvmlDeviceGetUtilizationRates(handle: c_nvmlDevice_t) -> c_nvmlUtilization_t:
+    """NVML measures no utilisation on a MIG-enabled GPU: NOT_SUPPORTED for the GPU's handle and
+    its MIG devices' alike."""
+    gpu, mig = _resolve("nvmlDeviceGetUtilizationRates", handle)
+    if mig is not None or gpu.get("mig_mode"):
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    return c_nvmlUtilization_t(gpu=int(gpu.get("utilization_gpu", 0)), memory=int(gpu.get("utilization_memory", 0)))
 
 
 def nvmlDeviceGetPciInfo_v3(handle: c_nvmlDevice_t) -> nvmlPciInfo_t:

@@ -18,6 +18,8 @@ from typing import Any, TypeVar
 import waiting
 import yaml
 
+from sim.nvml import STATE_ENV
+
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "hack" / "cluster.sh"
 DRIVER = "tandem.dev"
@@ -207,6 +209,12 @@ def why_pending(cluster: Cluster, namespace: str, name: str) -> str:
     return f"events:\n{events}\nclaims:\n{claims[-4000:]}\n" + "\n".join(tails)
 
 
+def host_link(name: str) -> dict[str, Any] | None:
+    """`ip -j address show` of one of the host's netdevs; None when the host has no such netdev."""
+    proc = subprocess.run(["ip", "-j", "address", "show", "dev", name], capture_output=True, text=True)
+    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
+
+
 def logs(cluster: Cluster, namespace: str, name: str) -> str:
     return cluster.kubectl("logs", "-n", namespace, name)
 
@@ -225,3 +233,38 @@ def wait_report(cluster: Cluster, namespace: str, name: str, timeout: float = 90
     wait_pod(cluster, namespace, name, ("Running",), timeout=timeout)
     out = wait_for(f"pod {name}'s report", lambda: DONE in (text := logs(cluster, namespace, name)) and text, 30)
     return out.split(DONE)[0]
+
+
+# Images of the project's Dockerfile, built into the node's containerd by the tests that deploy
+# the driver as a pod (`hack/cluster.sh image TAG`); the second is the target of a rolling update.
+DRIVER_IMAGES = ("localhost/tandem-driver:e2e-a", "localhost/tandem-driver:e2e-b")
+
+
+def on_sim_node(ds: dict[str, Any], node_root: Path, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Tandem's DaemonSet (daemonset.yaml's, or the chart's render) pointed at the simulated node's
+    hardware, in place; nothing else of it changes.
+
+    The simulated sysfs, /dev, NVIDIA driver root and NVML state live under `node_root` on the
+    host; the pod mounts that directory at the same path (CDI specs name host paths) and loads the
+    fake NVML module from it (`fake_pynvml`, copied there by the caller). `env` sets more of the
+    container's variables (a test's flags), over these."""
+    spec = ds["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    variables = {e["name"]: e for e in container["env"]}
+    for name, value in {
+        "SYSFS_ROOT": node_root / "sys",
+        "DEV_ROOT": node_root / "dev",
+        # The simulated kernel's device majors: prepare makes nvidia-uvm from them on first use.
+        "PROC_ROOT": node_root / "proc",
+        "NVIDIA_DRIVER_ROOT": node_root / "nvidia",
+        "NVIDIA_DRIVER_ROOT_HOST": node_root / "nvidia",
+        "NIC_LINK_SOURCE": "sysfs",
+        STATE_ENV: node_root / "nvml-state.json",
+        "PYTHONPATH": node_root / "fake_pynvml",
+        **(env or {}),
+    }.items():
+        variables[name] = {"name": name, "value": str(value)}
+    container["env"] = list(variables.values())
+    spec["volumes"].append({"name": "sim-node", "hostPath": {"path": str(node_root), "type": "Directory"}})
+    container["volumeMounts"].append({"name": "sim-node", "mountPath": str(node_root)})
+    return ds

@@ -13,41 +13,30 @@ from typing import Any
 
 import pytest
 import yaml
-from kube import REPO, Cluster, claim_template, pod, report_script, request, wait_for, wait_pod, wait_report
-
-from sim.nvml import STATE_ENV
+from kube import (
+    DRIVER_IMAGES,
+    REPO,
+    Cluster,
+    claim_template,
+    on_sim_node,
+    pod,
+    report_script,
+    request,
+    wait_for,
+    wait_pod,
+    wait_report,
+)
 
 NAMESPACE = "tandem-system"
 SELECTOR = "app.kubernetes.io/name=tandem"
-IMAGES = ("localhost/tandem-driver:e2e-a", "localhost/tandem-driver:e2e-b")
 
 
-def daemonset(cluster: Cluster, node_root: Path, image: str) -> dict[str, Any]:
-    """The DaemonSet of daemonset.yaml, pointed at the simulated node's hardware.
-
-    The simulated sysfs, /dev, NVIDIA driver root and NVML state live under `node_root` on the host;
-    the pod mounts that directory at the same path (CDI specs name host paths) and loads the fake
-    NVML module from it. Nothing else of the manifest changes."""
+def daemonset(node_root: Path, image: str) -> dict[str, Any]:
+    """The DaemonSet of daemonset.yaml, pointed at the simulated node's hardware, with `image`."""
     docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
     (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    spec = ds["spec"]["template"]["spec"]
-    container = spec["containers"][0]
-    container["image"] = image
-    env = {e["name"]: e for e in container["env"]}
-    for name, value in {
-        "SYSFS_ROOT": node_root / "sys",
-        "DEV_ROOT": node_root / "dev",
-        "NVIDIA_DRIVER_ROOT": node_root / "nvidia",
-        "NVIDIA_DRIVER_ROOT_HOST": node_root / "nvidia",
-        "NIC_LINK_SOURCE": "sysfs",
-        STATE_ENV: node_root / "nvml-state.json",
-        "PYTHONPATH": node_root / "fake_pynvml",
-    }.items():
-        env[name] = {"name": name, "value": str(value)}
-    container["env"] = list(env.values())
-    spec["volumes"].append({"name": "sim-node", "hostPath": {"path": str(node_root), "type": "Directory"}})
-    container["volumeMounts"].append({"name": "sim-node", "mountPath": str(node_root)})
-    return ds
+    ds["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    return on_sim_node(ds, node_root)
 
 
 def driver_pods(cluster: Cluster) -> list[dict[str, Any]]:
@@ -61,7 +50,7 @@ def ready(p: dict[str, Any]) -> bool:
 @pytest.fixture(scope="module")
 def deployed(cluster: Cluster, tandem) -> Iterator[dict[str, Any]]:
     """The DaemonSet in place of the node process, from a clean slate (no slices left behind)."""
-    for image in IMAGES:
+    for image in DRIVER_IMAGES:
         cluster.cluster_sh("image", image, timeout=1200)
     node_root = tandem.node.root
     fake = REPO / "sim" / "fake_pynvml"
@@ -69,7 +58,7 @@ def deployed(cluster: Cluster, tandem) -> Iterator[dict[str, Any]]:
     tandem.node.stop()
     wait_for("Tandem deregistered", lambda: not tandem.healthy())
     cluster.kubectl("delete", "resourceslices", "--field-selector", "spec.driver=tandem.dev", "--wait=true")
-    ds = daemonset(cluster, node_root, IMAGES[0])
+    ds = daemonset(node_root, DRIVER_IMAGES[0])
     cluster.apply(ds)
     try:
         wait_for("the driver pod Ready", lambda: [p for p in driver_pods(cluster) if ready(p)], timeout=180)
@@ -124,7 +113,7 @@ def test_rolling_update_while_pods_come_and_go(cluster: Cluster, deployed, names
     worker.start()
     try:
         wait_for("a first pod during the rollout", lambda: len(started) >= 1)
-        cluster.kubectl("set", "image", "-n", NAMESPACE, "daemonset/tandem-driver", f"driver={IMAGES[1]}")
+        cluster.kubectl("set", "image", "-n", NAMESPACE, "daemonset/tandem-driver", f"driver={DRIVER_IMAGES[1]}")
         cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/tandem-driver", "--timeout=240s",
                         timeout=300)  # fmt: skip
         wait_for("the old driver pod gone", lambda: old["metadata"]["uid"] not in
@@ -135,7 +124,7 @@ def test_rolling_update_while_pods_come_and_go(cluster: Cluster, deployed, names
         worker.join(timeout=300)
     assert not failures
     (new,) = driver_pods(cluster)
-    assert new["spec"]["containers"][0]["image"] == IMAGES[1] and ready(new)
+    assert new["spec"]["containers"][0]["image"] == DRIVER_IMAGES[1] and ready(new)
     assert {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in cluster.slices()} == versions
 
 

@@ -4,6 +4,8 @@ and a DeviceTaintRule from examples/ works against the real API."""
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -93,3 +95,23 @@ def test_device_taint_rule_example(cluster: Cluster, tandem, healthy_gpu: str, n
         wait_report(cluster, namespace, "diagnostics")
     finally:
         cluster.kubectl("delete", "devicetaintrule", name, "--wait=true")
+
+
+def test_a_node_whose_api_server_is_stopped_says_so_and_recovers(cluster: Cluster, tandem) -> None:
+    """The real kube-apiserver killed: the slices Tandem published can no longer follow health
+    changes, and `tandemctl health` says so (exit 1, naming the API server) instead of "healthy";
+    once the API server is back, the slices are confirmed again and health is clean (a watch
+    resumed without a list confirmed nothing: driver/slices/cache.py, `_relist_until_listed`)."""
+    tandem.ensure()
+    wait_for("healthy to begin with", tandem.healthy)
+    pid = int((cluster.state / "run" / "kube-apiserver.pid").read_text())
+    try:
+        os.kill(pid, signal.SIGKILL)
+        outage = wait_for("tandemctl health to tell the outage", lambda: (h := tandem.health())[0] == 1 and h[1],
+                          timeout=90)  # fmt: skip
+        text = str(outage)
+        assert "cannot be reached" in text and "ResourceSlices not confirmed" in text, text
+    finally:
+        cluster.cluster_sh("restart", "kube-apiserver", timeout=300)
+    wait_for("the API server back", lambda: cluster.kubectl("get", "--raw", "/readyz", timeout=10), timeout=120)
+    wait_for("health clean once the slices are confirmed again", tandem.healthy, timeout=120)

@@ -26,6 +26,7 @@ from kube import (
     KubectlError,
     attribute,
     claim_template,
+    host_link,
     pod,
     pod_phase,
     report_script,
@@ -151,11 +152,6 @@ def test_an_mps_tenant_attacking_its_pipe_directory_hurts_no_one(
     all_gone(cluster, tandem, (namespace, neighbour_ns))
     wait_for("no MPS daemon left", lambda: not mps_daemons(), timeout=60)
     assert not (tandem.node.data_dir / "mps" / f"gpu-{GPU}").exists()
-
-
-def host_link(name: str) -> dict[str, Any] | None:
-    proc = subprocess.run(["ip", "-j", "address", "show", "dev", name], capture_output=True, text=True)
-    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
 
 
 def test_an_exclusive_nic_renamed_readdressed_and_abandoned_comes_home(

@@ -141,7 +141,7 @@ def test_metrics_count_prepares_and_show_device_health(apiserver, running):
     assert 'tandem_device_health{device="gpu-0",kind="gpu",state="Healthy"} 1.0' in text
     assert "tandem_slice_writes_total" in text
     assert "tandem_prepared_claims 1.0" in text and 'tandem_node_calls_in_flight{op="prepare"} 0.0' in text
-    assert 'tandem_prepare_errors_total{error_type="config"} 0.0' in text and "tandem_build_info{" in text
+    assert 'tandem_claim_errors_total{error_type="config",op="prepare"} 0.0' in text and "tandem_build_info{" in text
     assert "_created" not in text
     claims = json.loads(_ctl(node, "claims", "--json").stdout)
     assert ref.uid in json.dumps(claims)

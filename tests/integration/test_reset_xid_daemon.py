@@ -83,3 +83,49 @@ def test_a_reset_xid_without_a_recovery_action_stays_until_a_reset_or_a_clear(ap
         watch.cancel()
     finally:
         kubelet.close()
+
+
+def test_a_held_reset_xid_outlives_a_restart_of_the_daemon(apiserver, sim_node, start_daemon):
+    """The hold is kept in the data dir: the restarted daemon offers the GPU tainted, from its own
+    inventory, until the evidence (here the operator's `tandemctl clear`)."""
+    profile = h100_node("node-r", gpus=2, nics=0)
+    for gpu in profile.gpus:
+        gpu.recovery_action = None
+    node = sim_node(profile)
+    held = ("tandem.dev/xid", "79", "NoExecute")
+    first = start_daemon(node, "--health-quiet-period", "1")
+    assert apiserver.wait_for(lambda: len(published_devices(apiserver, DRIVER, profile.name)) >= 2, 60)
+    append_event(node.root / "nvml-state.json", profile.gpus[1].uuid, XID_EVENT, 79)
+    assert poll(lambda: _taints(apiserver, node, "gpu-1") == {held}, 30), first.log_text()
+    assert first.stop() == 0
+
+    second = start_daemon(node, "--health-quiet-period", "1")
+    kubelet = KubeletSim(node.registry)
+    try:
+        kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
+        watch = kubelet.watch_health("v1")  # the new process's own verdict, not the old slices
+        snap = watch.wait_for(lambda s: {r.device for r in s} >= {"gpu-0", "gpu-1"}, timeout=30)
+        states = {r.device: (r.health, r.message) for r in snap}
+        assert states["gpu-0"][0] == "HEALTHY" and states["gpu-1"][0] == "UNHEALTHY", states
+        assert "XID 79" in states["gpu-1"][1] and "tandemctl clear" in states["gpu-1"][1]
+        assert "still held from before this start" in second.log_text()
+        assert poll(lambda: _published(node), 30), second.log_text()
+        assert _taints(apiserver, node, "gpu-1") == {held}  # published by the restarted daemon
+
+        out = _ctl(node, "clear", "gpu-1", "--reason", "reset out of band", "--by", "sre")
+        assert out.returncode == 0, out.stderr
+        assert poll(lambda: _taints(apiserver, node, "gpu-1") == set(), 30), second.log_text()
+        watch.cancel()
+    finally:
+        kubelet.close()
+    assert second.stop() == 0
+    third = start_daemon(node, "--health-quiet-period", "1")  # the evidence outlives a restart too
+    assert poll(lambda: _published(node), 60), third.log_text()
+    assert _taints(apiserver, node, "gpu-1") == set() and "still held" not in third.log_text()
+    assert third.stop() == 0
+
+
+def _published(node) -> bool:
+    """Whether the daemon that answers `tandemctl` now has published its node's slices."""
+    out = _ctl(node, "health", "--json")
+    return out.returncode in (0, 1) and json.loads(out.stdout)["daemon"]["slices"]["publishedAt"] is not None

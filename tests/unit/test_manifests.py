@@ -40,10 +40,10 @@ from driver.claims.opaque_config import (
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
 from driver.discovery.nic_device import SHARES
+from driver.kubelet.liveness import probe_path
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind
 from driver.node.driver_root import DriverFiles, find_driver_files
-from driver.status_socket import probe_path
 from sim.driver_files import render_driver_files
 
 REPO = Path(__file__).resolve().parents[2]
@@ -448,6 +448,17 @@ def test_pod_runs_in_host_network_as_node_critical() -> None:
     assert POD_SPEC["terminationGracePeriodSeconds"] >= 45, "the kubelet gives a DRA call up to ~45 s"
 
 
+def test_mps_daemons_can_leave_the_container() -> None:
+    """An MPS control daemon outlives Tandem's container only out of its PID namespace and its
+    cgroup (driver/node/cgroups.py): the host's PID namespace, and the host's cgroup tree writable
+    where the daemon looks for it, below SYSFS_ROOT."""
+    assert POD_SPEC["hostPID"] is True
+    assert PurePosixPath(_volume("cgroup")["hostPath"]["path"]) == PurePosixPath("/sys/fs/cgroup")
+    (mount,) = [m for m in CONTAINER["volumeMounts"] if m["name"] == "cgroup"]
+    assert PurePosixPath(mount["mountPath"]) == PurePosixPath(ENV["SYSFS_ROOT"]["value"]) / "fs" / "cgroup"
+    assert not mount.get("readOnly")
+
+
 def test_pod_tolerates_gpu_taints() -> None:
     tolerations = POD_SPEC["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists"} in tolerations
@@ -468,7 +479,7 @@ def _probe_script(probe: str) -> str:
 def test_probes_are_shell_tests_of_the_probe_file() -> None:
     """Readiness also needs the ResourceSlices published (`ready`); liveness and start-up never do
     (anything but `dead`): a restart brings no API server back, and stops the MPS daemons of
-    running pods. tests/integration/test_probe_file.py runs these very scripts against a daemon."""
+    running pods. tests/integration/test_probe_file_daemon.py runs these very scripts against a daemon."""
     liveness = _probe_script("livenessProbe")
     assert _probe_script("startupProbe") == liveness
     assert '[ "$verdict" != dead ]' in liveness and "ready" not in liveness.replace("read -r", "")

@@ -61,7 +61,7 @@ def test_observe_counts_calls_claims_and_durations():
     m = Metrics(_inventory())
     m.observe("prepare", 0.02, claims=3, errors=["config"])
     m.observe("prepare", 2.0, claims=1, errors=[])
-    m.observe("unprepare", 0.001, claims=2, errors=["", ""])
+    m.observe("unprepare", 0.001, claims=2, errors=["node", "node"])
     s = _samples(m)
     assert _get(s, "tandem_node_calls_total", op="prepare") == 2
     assert _get(s, "tandem_node_calls_total", op="unprepare") == 1
@@ -201,19 +201,27 @@ def test_parse_address_rejects_garbage(address):
         parse_address(address)
 
 
-def test_prepare_errors_by_whose_problem_it_was():
-    """A tenant's typo (config) is told from a broken device, so on-call alerts on the latter only;
-    a kind outside the tree cannot grow the label, and unprepare's unknown kinds count nowhere."""
+def test_claim_errors_by_op_and_whose_problem_it_was():
+    """A tenant's typo (config) is told from a broken device, for prepare and unprepare alike, so
+    on-call alerts on the latter only; a kind outside the tree cannot grow the label."""
     m = Metrics(_inventory())
-    before = {dict(k[1])["error_type"]: v for k, v in _samples(m).items() if k[0] == "tandem_prepare_errors_total"}
-    assert before == dict.fromkeys(["other", "config", "device", "node", "api", "endpoint"], 0), "series from the start"
+    before = {
+        (dict(k[1])["op"], dict(k[1])["error_type"]): v
+        for k, v in _samples(m).items()
+        if k[0] == "tandem_claim_errors_total"
+    }
+    kinds = ["other", "config", "device", "node", "api", "endpoint"]
+    assert before == {(op, kind): 0 for op in ("prepare", "unprepare") for kind in kinds}, "series from the start"
     m.observe("prepare", 0.1, claims=4, errors=["config", "config", "device", "no-such-kind"])
-    m.observe("unprepare", 0.1, claims=1, errors=[""])
+    m.observe("unprepare", 0.1, claims=2, errors=["node", "device"])
     s = _samples(m)
-    assert _get(s, "tandem_prepare_errors_total", error_type="config") == 2
-    assert _get(s, "tandem_prepare_errors_total", error_type="device") == 1
-    assert _get(s, "tandem_prepare_errors_total", error_type="other") == 1
-    assert _get(s, "tandem_node_claims_total", op="unprepare", result="error") == 1
+    assert _get(s, "tandem_claim_errors_total", op="prepare", error_type="config") == 2
+    assert _get(s, "tandem_claim_errors_total", op="prepare", error_type="device") == 1
+    assert _get(s, "tandem_claim_errors_total", op="prepare", error_type="other") == 1
+    assert _get(s, "tandem_claim_errors_total", op="unprepare", error_type="node") == 1
+    assert _get(s, "tandem_claim_errors_total", op="unprepare", error_type="device") == 1
+    assert _get(s, "tandem_claim_errors_total", op="unprepare", error_type="config") == 0
+    assert _get(s, "tandem_node_claims_total", op="unprepare", result="error") == 2
 
 
 def test_build_info_in_flight_prepared_claims_dropped_events_and_xids():

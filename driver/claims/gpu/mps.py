@@ -44,10 +44,15 @@ its own claim's GPUs' daemons: another GPU's trouble neither fails nor delays it
 * a needed GPU the inventory lacks now (its UUID unknown: NVML unanswered) keeps the daemon it
   has, and gets one once it is back.
 
-A daemon outlives Tandem (it runs in a session of its own), as the claims using it do; a kill -9
-of Tandem at any step leaves either a record without a daemon (started by the next `sync`) or a
-daemon without a claim record (stopped by it), never a duplicate or a daemon no one knows. While
-Tandem runs, the daemons it started are its children, reaped as they end.
+A daemon outlives Tandem, as the claims using it do, and Tandem's container too: it runs in a
+session of its own, and the gate is moved into a cgroup of the GPU's own outside the container's
+before it execs the daemon (`driver.node.cgroups`, which says why that is what a container's end
+spares; a node where it cannot be moved logs so, and its daemons stop with the container). A kill
+-9 of Tandem at any step leaves either a record without a daemon (started by the next `sync`) or a
+daemon without a claim record (stopped by it), never a duplicate or a daemon no one knows; whatever
+else is in a GPU's cgroup (the servers a killed daemon left, a daemon no record names) is killed
+before a daemon starts there and when it stops. While Tandem runs, the daemons it started are its
+children, reaped as they end; those of an earlier instance are no one's to reap but the node's.
 
 Shared memory: an MPS server and its clients exchange work through POSIX shared memory in
 `/dev/shm`, so they must see the same one. As NVIDIA's DRA driver does, each daemon gets a
@@ -58,6 +63,9 @@ containers' `/dev/shm`. Then no pod sees the host's `/dev/shm` or another GPU's 
 host's is not filled by them. It takes CAP_SYS_ADMIN (the DaemonSet's Tandem is privileged, and
 the data dir is mounted `Bidirectional` so the runtime sees the tmpfs); without it (tests run
 unprivileged) the daemon keeps the host's `/dev/shm` and says so in the log.
+
+Over 400 lines on purpose: sixty of them are this docstring, and a daemon's start, identity,
+cgroup and stop are one state machine under one lock, which a split would spread over modules.
 """
 
 from __future__ import annotations
@@ -76,6 +84,7 @@ from pathlib import Path
 from cdi import atomic_write
 from driver.errors import DeviceError
 from driver.fsutil import locked, read_json_state, read_untrusted
+from driver.node.cgroups import Cgroup, hierarchies, owner_name
 from driver.node.driver_root import BINARY_DIRS, driver_program
 from driver.node.processes import ProcessId, alive, identify, kill, wait_gone
 
@@ -99,7 +108,9 @@ class MpsError(DeviceError):
 
 class MpsDaemons:
     """`root`: `<data dir>/mps`. `needed`: the GPUs (device name -> UUID, None when unknown now)
-    whose claims use MPS now. `complete`: whether the records name every prepared claim."""
+    whose claims use MPS now. `complete`: whether the records name every prepared claim.
+    `sysfs_root`: where the node's cgroup hierarchies are mounted (`fs/cgroup` below it); None
+    keeps the daemons in Tandem's own cgroup (tests of everything else)."""
 
     def __init__(
         self,
@@ -108,8 +119,10 @@ class MpsDaemons:
         needed: Callable[[], Mapping[str, str | None]],
         period: float = 10.0,
         complete: Callable[[], bool] = lambda: True,
+        sysfs_root: Path | None = None,
     ) -> None:
         self.root = root
+        self._sysfs_root = sysfs_root
         self._driver_root = driver_root
         self._needed = needed
         self._complete = complete
@@ -131,6 +144,12 @@ class MpsDaemons:
 
     def shm_dir(self, device: str) -> Path:
         return self.root / device / "shm"
+
+    def cgroup(self, device: str) -> Cgroup | None:
+        """The cgroup the device's daemon runs in, out of Tandem's container (module docstring)."""
+        if self._sysfs_root is None:
+            return None
+        return Cgroup(hierarchies(self._sysfs_root), owner_name(self.root.parent), device)
 
     # --- the thread ---------------------------------------------------------------------------
 
@@ -211,18 +230,22 @@ class MpsDaemons:
     def _legacy(self, device: str) -> ProcessId | None:
         """A daemon of a release that kept no record, by the PID file it wrote into the pipe
         directory: a tenant may have written it, so it is read as untrusted and believed only for
-        a control daemon whose environment names this GPU's pipe directory (neither another GPU's
-        daemon nor any other process a tenant names is taken over)."""
+        a control daemon whose environment names this GPU's pipe directory and that runs in
+        Tandem's PID namespace (neither another GPU's daemon nor any other process a tenant names
+        is taken over: under hostPID Tandem sees the tenants' processes too, which a tenant may
+        give any name and environment, but each in a PID namespace of its pod's own)."""
         try:
             process = identify(int(read_untrusted(self.pipe_dir(device) / PID_FILE, 32)))
             if process is None:
                 return None
             cmdline = read_untrusted(Path(f"/proc/{process.pid}/cmdline"), 1 << 16)
             environ = read_untrusted(Path(f"/proc/{process.pid}/environ"), 1 << 20).split(b"\0")
+            theirs, own = os.stat(f"/proc/{process.pid}/ns/pid"), os.stat("/proc/self/ns/pid")
         except (OSError, ValueError):
             return None
         ours = (
-            CONTROL_PROGRAM.encode() in cmdline
+            (theirs.st_dev, theirs.st_ino) == (own.st_dev, own.st_ino)
+            and CONTROL_PROGRAM.encode() in cmdline
             and f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(device)}".encode() in environ
         )
         return process if ours and alive(process) else None  # still the process whose files were read
@@ -254,6 +277,10 @@ class MpsDaemons:
         if self._daemon(device) is not None:
             return
         program = self._program()
+        cgroup = self.cgroup(device)
+        if cgroup is not None and not cgroup.kill_all(_KILL_TIMEOUT):  # what no record names: module docstring
+            log.warning("processes in the cgroup of the MPS control daemon of %s outlived SIGKILL", device,
+                        extra={"device": device})  # fmt: skip
         output = self.root / device / "daemon.out"  # its stdout and stderr, for the error
         try:
             for d in (self.pipe_dir(device), self.log_dir(device), self.shm_dir(device)):
@@ -278,6 +305,7 @@ class MpsDaemons:
             if process is None:
                 raise OSError(f"it exited at once ({gate.wait()})")
             self._write_record(device, process)
+            self._escape(device, cgroup, gate.pid)
             assert gate.stdin is not None
             gate.stdin.write(b"\n")  # recorded: let it exec the daemon
             gate.stdin.close()
@@ -285,6 +313,17 @@ class MpsDaemons:
             gate.kill()  # still the gate, never the daemon: nothing runs unrecorded
             raise MpsError(f"{device}: starting {CONTROL_PROGRAM} failed: {e}") from e
         self._wait_up(device, gate, output)
+
+    def _escape(self, device: str, cgroup: Cgroup | None, pid: int) -> None:
+        """The gate, and so the daemon it becomes and the servers that daemon starts, into the GPU's
+        cgroup, out of Tandem's container; where that fails it stays, and stops with the container."""
+        if cgroup is None:
+            return
+        try:
+            cgroup.enter(pid, _START_TIMEOUT)
+        except OSError as e:
+            log.warning("the MPS control daemon of %s stays in Tandem's cgroup, so it stops with Tandem's "
+                        "container: moving it out failed: %s", device, e, extra={"device": device})  # fmt: skip
 
     def _wait_up(self, device: str, gate: subprocess.Popen[bytes], output: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -357,6 +396,11 @@ class MpsDaemons:
                               "next round", device, process.pid, extra={"device": device})  # fmt: skip
                     return
         self._reap()
+        cgroup = self.cgroup(device)
+        if cgroup is not None and not (cgroup.kill_all(_KILL_TIMEOUT) and cgroup.remove()):
+            log.error("the cgroup of the MPS control daemon of %s holds processes that outlived SIGKILL; retried "
+                      "next round", device, extra={"device": device})  # fmt: skip
+            return
         if os.path.ismount(self.shm_dir(device)):  # lazily: a client that has not gone yet keeps it
             subprocess.run(["umount", "-l", str(self.shm_dir(device))], capture_output=True, timeout=_QUIT_TIMEOUT,
                            check=False)  # fmt: skip

@@ -78,7 +78,7 @@ def test_a_rejected_reference_is_shown_escaped_with_its_length(field):
 
 
 def test_a_failed_prepare_says_whose_problem_it_was(tmp_path):
-    """What `tandem_prepare_errors_total{error_type}` counts: a claim naming a device this node
+    """What `tandem_claim_errors_total{error_type}` counts: a claim naming a device this node
     lacks, or an invalid reference, is the claim's (config); an API server that is down is "api"."""
     host = render_host(tmp_path / "host")
     api = FakeAPI()

@@ -19,6 +19,7 @@ from waiting import wait_for
 
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.metadata_format import decode_stream
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 
 
@@ -53,7 +54,7 @@ def test_prepare_and_unprepare_fsync_nothing(setup, monkeypatch: pytest.MonkeyPa
     monkeypatch.setattr(os, "fsync", lambda fd: synced.append(os.readlink(f"/proc/self/fd/{fd}")))
     ref = api.add("default", "c", "uid-1")
     assert not a.prepare([ref])[ref.uid].error
-    assert a.unprepare([ref]) == {ref.uid: ""}
+    assert a.unprepare([ref]) == {ref.uid: Unprepared()}
     assert synced == []
 
 
@@ -67,7 +68,7 @@ def test_unprepare_by_the_other_instance_mid_prepare_leaves_nothing(setup):
     assert api.held.wait(10), "instance A never reached the status apply"
     # A writes its files while its apply is held (the two run side by side).
     wait_for("A's CDI spec, metadata spec and metadata directory", lambda: len(_files(data, cdi_root)) == 3, 10)
-    assert b.unprepare([ref]) == {ref.uid: ""}  # the kubelet asks the newer instance
+    assert b.unprepare([ref]) == {ref.uid: Unprepared()}  # the kubelet asks the newer instance
     api.hold.set()
     t.join(10)
     assert "unprepared while being prepared" in result[0].error
@@ -113,12 +114,12 @@ def test_a_late_unprepare_of_an_old_claim_spares_the_new_claim_of_the_same_name(
     api, a, _, data, cdi_root = setup
     old = api.add("default", "c", "uid-old")
     assert a.prepare([old])[old.uid].error == ""
-    assert a.unprepare([old]) == {old.uid: ""}
+    assert a.unprepare([old]) == {old.uid: Unprepared()}
     new = api.add("default", "c", "uid-new")
     assert a.prepare([new])[new.uid].error == ""
     before, status = _files(data, cdi_root), api.claims[("default", "c")]["status"]["devices"]
     assert status, "the new claim's prepare applied its status"
-    assert a.unprepare([old]) == {old.uid: ""}  # retried by the kubelet, long after
+    assert a.unprepare([old]) == {old.uid: Unprepared()}  # retried by the kubelet, long after
     assert _files(data, cdi_root) == before
     assert Checkpoint(data, "boot").read()[new.uid].state == PrepareState.COMPLETED
     # The withdrawal names the old UID, which the API server's precondition refuses for the new claim.
@@ -147,7 +148,7 @@ def test_unprepare_of_a_replaced_claim_leaves_the_new_claim_of_the_same_name_who
     mounted = _mounted_metadata(cdi_root, new.uid)
     assert mounted and all(p.is_file() for p in mounted)
 
-    assert a.unprepare([old]) == {old.uid: ""}
+    assert a.unprepare([old]) == {old.uid: Unprepared()}
     assert [p for p in mounted if not p.is_file()] == [], "the old claim's Unprepare removed the new claim's metadata"
     assert all(decode_stream(p.read_bytes())["metadata"]["uid"] == new.uid for p in mounted)
     assert not list(cdi_root.glob(f"*{old.uid}*")), "the old claim's own specs are gone"
@@ -184,7 +185,7 @@ def test_calls_about_one_claim_never_overlap_under_contention(setup):
             if i % 2:
                 errors.extend(e for e in [a.prepare([ref])[ref.uid].error] if e)
             else:
-                errors.extend(e for e in a.unprepare([ref]).values() if e)
+                errors.extend(e.error for e in a.unprepare([ref]).values() if e.error)
 
     threads = [threading.Thread(target=worker, args=(i,)) for i in range(24)]
     for t in threads:

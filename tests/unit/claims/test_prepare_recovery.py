@@ -11,6 +11,7 @@ import pytest
 from prepare_fakes import FakeAPI, Host, make_preparer, make_reconciler, nic_name, render_host
 
 from driver.claims.checkpoint import Checkpoint, InstanceLock
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 
 
@@ -61,7 +62,7 @@ def test_an_unprepare_removes_the_files_of_a_claim_the_checkpoint_lost(tmp_path:
     ref = api.add("default", "c", "uid-1")
     assert p.prepare([ref])[ref.uid].error == ""
     (data / "checkpoint.json").unlink()
-    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert p.unprepare([ref]) == {ref.uid: Unprepared()}
     assert _files(tmp_path, ref.uid) == []
     p.close()
 
@@ -123,7 +124,8 @@ def test_a_prepare_after_an_unprepare_that_failed_halfway_restores_every_file_an
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(p._checkpoint, "transaction", full)
-    assert "No space left" in p.unprepare([ref])[ref.uid]
+    failed = p.unprepare([ref])[ref.uid]
+    assert "No space left" in failed.error and failed.error_kind == "other", "an OSError is no Tandem error"
     assert _files(tmp_path, ref.uid) == [] and api.claims[("default", "c")]["status"]["devices"] == []
     monkeypatch.undo()
 

@@ -14,6 +14,7 @@ from driver.claims.allocation import ClaimAPI, PrepareSettings
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.metadata import MetadataWriter
 from driver.claims.refresh import NetworkDataRefresh
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 from driver.kube.api import KubeAPI
 
@@ -51,7 +52,7 @@ def test_a_resumed_prepare_keeps_the_ready_transition_time(tmp_path: Path, host:
     assert _ready_times(api, "c") == [LONG_AGO, LONG_AGO]
 
     # Unprepared and prepared again: the condition is new, and so is its time.
-    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert p.unprepare([ref]) == {ref.uid: Unprepared()}
     assert p.prepare([ref])[ref.uid].error == ""
     assert LONG_AGO not in _ready_times(api, "c")
     p.close()
@@ -67,7 +68,7 @@ def test_an_unprepare_without_a_record_still_withdraws_the_status(tmp_path: Path
     assert api.claims[("default", "c")]["status"]["devices"]
     with Checkpoint(tmp_path / "data", "boot").transaction() as claims:
         del claims[ref.uid]  # what the rollback leaves
-    assert p.unprepare([ref]) == {ref.uid: ""}
+    assert p.unprepare([ref]) == {ref.uid: Unprepared()}
     assert api.claims[("default", "c")]["status"]["devices"] == []
     p.close()
 

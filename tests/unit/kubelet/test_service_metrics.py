@@ -6,6 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from driver.claims.prepare import PrepareResult
+from driver.claims.unprepare import Unprepared
 from driver.inventory import Inventory
 from driver.kubelet.api.dra.v1 import api_pb2
 from driver.kubelet.service import DRAPluginV1
@@ -26,20 +27,32 @@ class FakePreparer:
         }
 
     def unprepare(self, refs):
-        return {"a": "gone wrong"}
+        return {"a": Unprepared("the MIG device is busy", "device"), "b": Unprepared()}
 
 
-def test_prepare_counts_errors_by_kind_and_the_call_in_flight():
+def test_prepare_and_unprepare_count_errors_by_kind_and_the_call_in_flight():
     metrics = Metrics(Inventory())
     preparer = FakePreparer(metrics)
     service = DRAPluginV1(preparer, metrics)  # type: ignore[arg-type]
     claims = [api_pb2.Claim(namespace="ns", name=n, uid=n) for n in "abc"]
     service.NodePrepareResources(api_pb2.NodePrepareResourcesRequest(claims=claims), SimpleNamespace(is_active=None))
-    service.NodeUnprepareResources(api_pb2.NodeUnprepareResourcesRequest(claims=claims[:1]), None)
+    unprepared = service.NodeUnprepareResources(api_pb2.NodeUnprepareResourcesRequest(claims=claims[:2]), None)
     assert b'tandem_node_calls_in_flight{op="prepare"} 1.0' in preparer.in_flight_seen[0]
     text = metrics.render().decode()
     assert 'tandem_node_calls_in_flight{op="prepare"} 0.0' in text
-    assert 'tandem_prepare_errors_total{error_type="config"} 1.0' in text
-    assert 'tandem_prepare_errors_total{error_type="device"} 1.0' in text
+    assert 'tandem_claim_errors_total{error_type="config",op="prepare"} 1.0' in text
+    assert 'tandem_claim_errors_total{error_type="device",op="prepare"} 1.0' in text
+    assert 'tandem_claim_errors_total{error_type="device",op="unprepare"} 1.0' in text
+    assert 'tandem_claim_errors_total{error_type="other",op="unprepare"} 0.0' in text
     assert 'tandem_node_claims_total{op="prepare",result="error"} 2.0' in text
     assert 'tandem_node_claims_total{op="unprepare",result="error"} 1.0' in text
+    assert unprepared.claims["a"].error == "the MIG device is busy" and unprepared.claims["b"].error == ""
+
+
+def test_an_empty_call_is_a_liveness_check_and_not_counted():
+    metrics = Metrics(Inventory())
+    service = DRAPluginV1(FakePreparer(metrics), metrics)  # type: ignore[arg-type]
+    service.NodePrepareResources(api_pb2.NodePrepareResourcesRequest(), SimpleNamespace(is_active=None))
+    service.NodeUnprepareResources(api_pb2.NodeUnprepareResourcesRequest(), None)
+    text = metrics.render().decode()
+    assert 'tandem_node_calls_total{op="prepare"} 0.0' in text and 'tandem_node_calls_total{op="unprepare"} 0.0' in text

@@ -8,7 +8,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from waiting import poll
+
 from driver.backoff import Backoff
+from driver.kube.api import ApiError
 from driver.slices.cache import LiveSlices
 
 
@@ -80,3 +83,61 @@ def test_an_older_list_answered_after_a_newer_one_changes_nothing() -> None:
     # still to come): the newer list at 300 already shows it gone.
     cache._apply_event("ADDED", _slice("c", 260))
     assert _names(cache) == ["a"]
+
+
+class _Outage:
+    """A server that goes away under an open watch and comes back between two of the cache's
+    tries: the first list after the failed watch is refused, anything later answers (a watch
+    from the last version seen too, as a restarted kube-apiserver does when nothing was written)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+        self.calls: list[str] = []
+
+    def watch_slices(self, node: str, driver: str, rv: str, timeout: int) -> Any:
+        self.calls.append(f"watch {rv}")
+        if len(self.calls) == 1:
+            raise ApiError("watch slices: connection reset", unreachable=True)
+        return _OpenWatch(self._stop)
+
+    def list_slices(self, node: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        self.calls.append("list")
+        if self.calls.count("list") == 1:
+            raise ApiError("list slices: connection refused", unreachable=True)
+        return [_slice("a", 90)], "120"
+
+
+class _OpenWatch:
+    """A watch that stays open, quiet, until the test ends."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self._stop = stop
+
+    def __iter__(self) -> _OpenWatch:
+        return self
+
+    def __next__(self) -> tuple[str, dict[str, Any]]:
+        self._stop.wait()
+        raise StopIteration
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def test_after_a_failed_watch_the_cache_is_current_again_only_through_a_list() -> None:
+    """A watch resumed without a list leaves the cache not current for its whole life (minutes),
+    and the publisher confirms nothing meanwhile: the watch waits for a list that succeeds."""
+    stop, cond, failures = threading.Event(), threading.Condition(), []
+    api = _Outage(stop)
+    cache = LiveSlices(api, "n", "d", cond, lambda: None, stop, Backoff(initial=0.01, maximum=0.02), 300,
+                       failures.append)  # fmt: skip
+    cache.listed = cache.current = True  # the list before the watch
+    cache.start_watch("100")
+    try:
+        assert poll(lambda: len(api.calls) >= 4, 10), api.calls  # the watch open again: the outage is over
+        assert cache.current, api.calls
+        assert api.calls == ["watch 100", "list", "list", "watch 120"]
+        assert len(failures) == 2 and _names(cache) == ["a"]
+    finally:
+        stop.set()
+        cache.join(5)

@@ -181,9 +181,9 @@ def test_an_mps_share_gets_its_limits_and_the_daemon_of_its_gpu(
     assert all({"nosuid", "nodev"} <= set(o) for o in options.values() if o[0] == "rw")
     pid = daemons.running("gpu-0")
     assert pid is not None  # one daemon for both claims
-    assert preparer.unprepare([a])[a.uid] == ""
+    assert preparer.unprepare([a])[a.uid].error == ""
     assert daemons.running("gpu-0") == pid  # b still uses it
-    assert preparer.unprepare([b])[b.uid] == ""
+    assert preparer.unprepare([b])[b.uid].error == ""
     assert daemons.running("gpu-0") is None and not (daemons.root / "gpu-0").exists()
     preparer.close()
 

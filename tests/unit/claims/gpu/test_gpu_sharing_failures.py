@@ -19,6 +19,7 @@ from test_time_slices import WHOLE, _in_mig_mode, _slices, preparer, state  # no
 
 from driver.claims.gpu.mps import MpsDaemons
 from driver.claims.gpu.time_slices import STATE_FILE, TimeSlices
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import TimeSliceInterval
 from driver.discovery.shared_gpu import COMPUTE, MEMORY
 from driver.model import MigPlacement
@@ -47,7 +48,7 @@ def test_a_gpu_whose_mps_daemon_cannot_start_fails_only_its_own_claims(
     good = _claim(api, "good", "gpu-0", SHARE, "MPS")  # while bad's record still needs gpu-1's daemon
     assert p.prepare([good])[good.uid].error == ""
     assert daemons.running("gpu-0") is not None
-    assert p.unprepare([good, bad]) == {good.uid: "", bad.uid: ""}
+    assert p.unprepare([good, bad]) == {good.uid: Unprepared(), bad.uid: Unprepared()}
     p.close()
 
 
@@ -63,7 +64,7 @@ def test_a_gpu_whose_nvidia_smi_fails_fails_only_its_own_claims(
     assert "gpu-3: nvidia-smi compute-policy --set-timeslice 2 exited with 3" in preparer.prepare([bad])[bad.uid].error
     good = _claim(preparer.api, "good", "gpu-0", WHOLE, "TimeSlicing", timeSliceInterval="Long")
     assert preparer.prepare([good])[good.uid].error == ""
-    assert preparer.unprepare([bad])[bad.uid] == ""  # the default cannot come back on gpu-3: logged
+    assert preparer.unprepare([bad])[bad.uid].error == ""  # the default cannot come back on gpu-3: logged
     assert "gpu-3" in _note(tmp_path)["gpus"]
     other = _claim(preparer.api, "other", "gpu-1", WHOLE, "TimeSlicing", timeSliceInterval="Short")
     assert preparer.prepare([other])[other.uid].error == ""

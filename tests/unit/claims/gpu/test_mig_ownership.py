@@ -16,6 +16,7 @@ from prepare_fakes import NODE
 
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 from driver.claims.gpu.mig_owners import Made
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 from driver.model import MigPlacement
 
@@ -58,7 +59,7 @@ def test_a_lost_checkpoint_loses_no_gpu_instance_and_start_up_gives_its_claim_th
     assert node.noted() == {_placement(node, ONE_G): Made(one.uid, "b")}
     two = node.api.add("default", "two", "uid-2", ("mig", ONE_G))  # an allocation the scheduler should not make
     assert "already prepared for claim default/one" in b.prepare([two])[two.uid].error
-    assert b.unprepare([one]) == {one.uid: ""} and node.instances() == [] and node.noted() == {}
+    assert b.unprepare([one]) == {one.uid: Unprepared()} and node.instances() == [] and node.noted() == {}
     a.close()
     b.close()
 
@@ -84,7 +85,7 @@ def test_the_kubelets_unprepare_destroys_the_gpu_instance_of_a_claim_without_a_r
     one = node.api.add("default", "one", "uid-1", ("mig", ONE_G))
     assert a.prepare([one])[one.uid].error == ""
     node.lose_checkpoint()
-    assert a.unprepare([one]) == {one.uid: ""}
+    assert a.unprepare([one]) == {one.uid: Unprepared()}
     assert node.instances() == [] and node.noted() == {}
     a.close()
 
@@ -99,7 +100,7 @@ def test_a_gpu_that_left_dynamic_mig_keeps_tandems_gpu_instances_its_claims(node
     assert "gpu-0-mig-3g-40gb-2-0" in static, "the administrator's MIG device is published as before"
     node.lose_checkpoint()
     assert ONE_G_STATIC not in node.discover(dynamic=False), "the note alone keeps it"
-    assert a.unprepare([one]) == {one.uid: ""}
+    assert a.unprepare([one]) == {one.uid: Unprepared()}
     assert node.instances() == [("3g.40gb", 2, 0)]  # Tandem's gone, the administrator's kept
     a.close()
 
@@ -137,7 +138,7 @@ def test_every_mig_change_holds_the_node_wide_lock(node: MigNode, monkeypatch: p
     a = node.preparer("a")
     one = node.api.add("default", "one", "uid-1", ("mig", ONE_G))
     assert a.prepare([one])[one.uid].error == ""
-    assert a.unprepare([one]) == {one.uid: ""}
+    assert a.unprepare([one]) == {one.uid: Unprepared()}
     assert len(held) == 4 and all(locked for _, locked in held), held
     a.close()
 
@@ -161,7 +162,7 @@ def test_a_rollback_spares_what_the_other_instance_of_a_rolling_update_adopted(n
     assert node.instances() == [("1g.10gb", 10, 0), ("3g.40gb", 2, 0)], "A destroyed a device B handed out"
     assert node.records()[claim.uid].state == PrepareState.COMPLETED
     node.inject("", 0)
-    assert b.unprepare([claim]) == {claim.uid: ""} and node.instances() == [] and node.noted() == {}
+    assert b.unprepare([claim]) == {claim.uid: Unprepared()} and node.instances() == [] and node.noted() == {}
     a.close()
     b.close()
 
@@ -175,7 +176,7 @@ def test_a_mig_device_made_after_the_other_instance_unprepared_the_claim_is_dest
 
     def kubelet_unprepares_through_b() -> None:
         if not unprepared:
-            unprepared.append(b.unprepare([claim])[claim.uid])
+            unprepared.append(b.unprepare([claim])[claim.uid].error)
 
     a = node.preparer("a", on_change=kubelet_unprepares_through_b)
     assert "unprepared while its MIG devices were made" in a.prepare([claim])[claim.uid].error

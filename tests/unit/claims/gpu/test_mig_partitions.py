@@ -13,6 +13,7 @@ from mig_fakes import MigNode as Node
 from prepare_fakes import NODE
 
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
+from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 from driver.daemon import Daemon
 from driver.kubelet.server import KubeletServer
@@ -50,7 +51,7 @@ def test_prepare_makes_the_allocated_placement_and_unprepare_destroys_it(node: N
     assert record.devices[0].mig == MigPlacement(node.devices[ONE_G].gpu.parent_uuid, 19, 3, 1)  # type: ignore[union-attr]
     assert p.prepare([one])[one.uid] == results[one.uid]  # the same answer, nothing made twice
     assert node.instances() == [("1g.10gb", 10, 0), ("3g.40gb", 2, 0)]
-    assert p.unprepare([one]) == {one.uid: ""}
+    assert p.unprepare([one]) == {one.uid: Unprepared()}
     assert node.instances() == [("3g.40gb", 2, 0)]
     assert one.uid not in node.records()
     p.close()
@@ -62,7 +63,7 @@ def test_the_whole_gpu_is_the_instance_spanning_it(node: Node) -> None:
     assert p.prepare([whole])[whole.uid].error == ""
     assert node.instances() == [("7g.80gb", 0, 0)]
     assert {"/dev/nvidia0", f"/dev/nvidia-caps/nvidia-cap{mig_gi_cap_minor(0, 0)}"} <= _nodes(_spec(node, whole.uid))
-    assert p.unprepare([whole]) == {whole.uid: ""} and node.instances() == []
+    assert p.unprepare([whole]) == {whole.uid: Unprepared()} and node.instances() == []
     p.close()
 
 
@@ -76,7 +77,7 @@ def test_nvml_refusing_the_placement_fails_the_claim_and_leaves_nothing(node: No
     error = p.prepare([claim])[claim.uid].error
     assert "memory slices 4-7" in error and "taken by a MIG device Tandem did not make" in error, error
     assert node.instances() == [("3g.40gb", 2, None)]  # theirs, untouched
-    assert p.unprepare([claim]) == {claim.uid: ""}
+    assert p.unprepare([claim]) == {claim.uid: Unprepared()}
     assert node.instances() == [("3g.40gb", 2, None)]  # never destroyed: it was not Tandem's
     p.close()
 
@@ -98,10 +99,11 @@ def test_a_refused_destroy_keeps_the_record_until_the_kubelet_retries(node: Node
     claim = node.api.add("default", "c", "uid-c", ("mig", ONE_G))
     assert p.prepare([claim])[claim.uid].error == ""
     node.inject("nvmlComputeInstanceDestroy", node.pynvml.NVML_ERROR_IN_USE)
-    assert "a process still uses it" in p.unprepare([claim])[claim.uid]
+    refused = p.unprepare([claim])[claim.uid]
+    assert "a process still uses it" in refused.error and refused.error_kind == "device"
     assert claim.uid in node.records() and node.instances() == [("1g.10gb", 10, 0)]
     node.inject("", 0)
-    assert p.unprepare([claim]) == {claim.uid: ""}
+    assert p.unprepare([claim]) == {claim.uid: Unprepared()}
     assert node.instances() == [] and node.records() == {}
     p.close()
 
@@ -131,7 +133,7 @@ def test_start_up_finishes_an_unprepare_cut_short_after_the_files_went(node: Nod
     node.files().remove(claim.uid)  # unprepare's first step, then kill -9
     node.reconciler(p).run()
     assert node.instances() == [] and node.records() == {}
-    assert p.unprepare([claim]) == {claim.uid: ""}  # the kubelet's retry finds nothing left to do
+    assert p.unprepare([claim]) == {claim.uid: Unprepared()}  # the kubelet's retry finds nothing left to do
     p.close()
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from mps_fixtures import driver_root_fixture, needed_fixture  # noqa: F401  (fixtures: driver_root, needed)
+from waiting import wait_for
 
 from driver.claims.gpu.mps import _GATE, CONTROL_PROGRAM, PID_FILE, RECORD, MpsDaemons, MpsError
 from driver.node.processes import identify, wait_gone
@@ -217,6 +218,32 @@ def test_a_daemon_an_earlier_release_started_is_adopted_only_by_its_own_gpu(
     needed.clear()
     daemons.sync()
     assert _daemons_under(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of the tenant's own: needs root")
+def test_a_tenant_process_named_and_dressed_as_a_daemon_is_never_adopted(
+    daemons: MpsDaemons, needed: dict[str, str | None]
+) -> None:
+    """Under hostPID Tandem sees tenants' processes, and a tenant may exec anything under the name
+    `nvidia-cuda-mps-control` with this GPU's pipe directory in its environment, and write its PID
+    into the PID file of a pipe directory of an earlier release: it is in its pod's PID namespace,
+    not Tandem's, so it is neither adopted nor signalled, and a daemon of Tandem's own starts."""
+    pipe = daemons.pipe_dir("gpu-0")
+    pipe.mkdir(parents=True)
+    dressed = f"import os; os.execve('/bin/sleep', [{CONTROL_PROGRAM!r}, '300'], {{'CUDA_MPS_PIPE_DIRECTORY': {str(pipe)!r}}})"
+    pod = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", dressed])
+    try:
+        children = Path(f"/proc/{pod.pid}/task/{pod.pid}/children")
+        tenant = int(wait_for("the tenant's process", lambda: children.read_text().split())[0])
+        wait_for("it dressed up", lambda: CONTROL_PROGRAM.encode() in Path(f"/proc/{tenant}/cmdline").read_bytes())
+        _plant(pipe / PID_FILE, str(tenant))
+        needed.update({"gpu-0": UUIDS["gpu-0"]})
+        daemons.sync()
+        assert daemons.running("gpu-0") not in (None, tenant)
+        assert identify(tenant) is not None  # not signalled
+    finally:
+        pod.kill()
+        pod.wait()
 
 
 def test_a_daemon_is_never_run_unrecorded(

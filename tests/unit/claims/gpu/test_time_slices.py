@@ -98,9 +98,9 @@ def test_a_time_sliced_claim_sets_its_interval_and_the_last_one_gone_restores_th
     assert note == {"gpu-0": {"uuid": sim_nvml.read_state(state).gpus[0].uuid, "interval": "Long"}}
     b = _claim(preparer.api, "b", "gpu-0", WHOLE, "TimeSlicing", timeSliceInterval="Long")
     assert preparer.prepare([b])[b.uid].error == ""  # the same interval: no conflict
-    assert preparer.unprepare([a])[a.uid] == ""
+    assert preparer.unprepare([a])[a.uid].error == ""
     assert _slices(state)[0] == 3  # b still holds it
-    assert preparer.unprepare([b])[b.uid] == ""
+    assert preparer.unprepare([b])[b.uid].error == ""
     assert _slices(state)[0] == 0
     assert json.loads((tmp_path / "data" / STATE_FILE).read_text())["gpus"] == {}
 
@@ -118,7 +118,7 @@ def test_a_claim_asking_another_interval_of_a_time_sliced_gpu_waits_for_it(prepa
     error = preparer.prepare([b])[b.uid].error
     assert "asks for the time-slice interval Long, but claim default/a prepared on it set Short" in error
     assert b.uid not in preparer._checkpoint.read() and _slices(state)[0] == 1
-    assert preparer.unprepare([a])[a.uid] == ""
+    assert preparer.unprepare([a])[a.uid].error == ""
     assert preparer.prepare([b])[b.uid].error == ""  # the kubelet's retry, once a is gone
     assert _slices(state)[0] == 3
 

@@ -1,0 +1,277 @@
+"""The Helm chart (deployments/helm/tandem): what `helm lint` and `helm template` make of it.
+
+daemonset.yaml is the chart rendered with its defaults (hack/gen-manifest.sh), so the checks of
+tests/unit/test_manifests.py hold for the default render; here the other value sets are rendered
+by the real helm (built from its Go module by hack/helm.sh), validated against the Kubernetes 1.37
+schemas, and their DaemonSet's environment parsed by the daemon's own flag parser, so a value
+that reaches the daemon misspelled or unparsable fails here and not on a node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from driver.cli import driver_parser
+from driver.config import Config
+from driver.flags import config_from_args
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deployments" / "helm" / "tandem"
+K8S_VERSION = "1.37.0"
+NAMESPACE = "tandem-system"
+SERVICE_MONITOR = "monitoring.coreos.com/v1/ServiceMonitor"
+# Stand-ins for the downward-API values the kubelet fills in.
+FIELDS = {"spec.nodeName": "node-a", "metadata.uid": "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11", "status.podIP": "10.0.0.7"}
+
+Doc = dict[str, Any]
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    if shutil.which("go") is None:
+        pytest.skip("helm is built from its Go module (hack/helm.sh) and Go is not installed")
+    done = subprocess.run([REPO / "hack" / "helm.sh"], capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, f"hack/helm.sh failed: {done.stderr}"
+    return done.stdout.strip()
+
+
+def _run(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
+
+
+def render(helm: str, *values: str, namespace: str = NAMESPACE, api_versions: tuple[str, ...] = ()) -> list[Doc]:
+    """`helm template` with `--set` VALUES; a refusal fails with helm's own message."""
+    args = ["template", "tandem", str(CHART), "--namespace", namespace, "--kube-version", K8S_VERSION]
+    args += [a for v in values for a in ("--set", v)] + [a for v in api_versions for a in ("--api-versions", v)]
+    done = _run(helm, *args)
+    if done.returncode != 0:
+        raise RuntimeError(done.stderr)
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def refusal(helm: str, *values: str, namespace: str = NAMESPACE) -> str:
+    with pytest.raises(RuntimeError) as refused:
+        render(helm, *values, namespace=namespace)
+    return str(refused.value)
+
+
+def _one(docs: list[Doc], kind: str) -> Doc:
+    (found,) = [d for d in docs if d["kind"] == kind]
+    return found
+
+
+def daemon_config(docs: list[Doc], monkeypatch: pytest.MonkeyPatch) -> tuple[Config, argparse.Namespace]:
+    """What `tandem-driver` makes of the rendered DaemonSet's args and environment (`$(VAR)`
+    references expanded as the kubelet expands them): its Config, and the parsed flags."""
+    container = _one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    env: dict[str, str] = {}
+    for entry in container["env"]:
+        value = entry["value"] if "value" in entry else FIELDS[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        env[entry["name"]] = re.sub(r"\$\((\w+)\)", lambda m: env[m.group(1)], str(value))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    ns = driver_parser().parse_args(container["args"])
+    return config_from_args(ns), ns
+
+
+# -- the chart as a whole ------------------------------------------------------------------------
+
+
+def test_chart_version_is_the_package_version() -> None:
+    """Chart.yaml's version is pyproject's in SemVer's spelling (0.2.0.dev0 -> 0.2.0-dev0), and its
+    appVersion, which tags the image, pyproject's own."""
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+    semver = re.sub(r"^(\d+\.\d+\.\d+)\.?((?:a|b|rc|dev)\d+)$", r"\1-\2", version)
+    assert chart["version"] == semver
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
+def test_helm_lint(helm: str, strict: bool) -> None:
+    # --namespace: with helm's default namespace, `default`, the chart refuses to render (below)
+    # and lint would check nothing past the refusal.
+    args = ["lint", str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION]
+    for values in ([], ["--set", "metrics.enabled=true", "--set", "nvidiaDriverRoot=/run/nvidia/driver"]):
+        done = _run(helm, *args, *(["--strict"] if strict else []), *values)
+        assert done.returncode == 0 and "0 chart(s) failed" in done.stdout, done.stdout + done.stderr
+        assert "[ERROR]" not in done.stdout and "[WARNING]" not in done.stdout, done.stdout
+
+
+def test_daemonset_yaml_is_the_default_render(helm: str) -> None:
+    """One source of truth: the plain manifest is exactly what hack/gen-manifest.sh makes now."""
+    done = subprocess.run([REPO / "hack" / "gen-manifest.sh", "-"], capture_output=True, text=True, timeout=120,
+                          check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert (REPO / "daemonset.yaml").read_text() == done.stdout, (
+        "daemonset.yaml differs from the chart's default render: run hack/gen-manifest.sh"
+    )
+
+
+# Value sets an operator would use; each renders, validates for 1.37 and parses in the daemon.
+VALUE_SETS = {
+    "defaults": (),
+    "gpu-operator": ("nvidiaDriverRoot=/run/nvidia/driver",),
+    "nic-only": ("deviceKinds={nic}", "deviceClasses.gpu.enabled=false", "deviceClasses.mig.enabled=false"),
+    "sharing-and-mig": ("gpuSharing={0,1}", "dynamicMig.gpus=all", "dynamicMig.bindingConditions=false"),
+    "nics-and-logs": ("nics.exclude={stor*,0000:3b:00.*}", "nics.shares=8", "nics.bindingConditions=true", "logging.verbosity=4",
+                      "logging.format=text"),
+    "metrics": ("metrics.enabled=true",),
+    "bare": ("createNamespace=false", "criticalPodsQuota=false", "admissionPolicies.ownNodeSlices=false",
+             "admissionPolicies.claimConfig=false", "kubeletPlugin.priorityClassName=",
+             "image.digest=sha256:" + "ab" * 32),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_renders_are_valid_for_kubernetes_1_37(helm: str, name: str) -> None:
+    docs = render(helm, *VALUE_SETS[name], api_versions=(SERVICE_MONITOR,))
+    for doc in docs:
+        if doc["apiVersion"] != "monitoring.coreos.com/v1":  # no schema of Kubernetes' own
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+    keys = [(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in docs]
+    assert len(keys) == len(set(keys)), keys
+
+
+@pytest.mark.parametrize("name", VALUE_SETS)
+def test_every_value_set_parses_in_the_daemon(helm: str, name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    daemon_config(render(helm, *VALUE_SETS[name]), monkeypatch)
+
+
+# -- what each value does --------------------------------------------------------------------------
+
+
+def test_daemon_settings_reach_the_daemon(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = render(helm, *VALUE_SETS["sharing-and-mig"], *VALUE_SETS["nics-and-logs"], "metrics.enabled=true",
+                  "metrics.port=9555", "listAttributes=true", "driverName=gpus.example.com")  # fmt: skip
+    config, flags = daemon_config(docs, monkeypatch)
+    assert config.gpu_sharing.gpus == frozenset({"0", "1"}) and config.dynamic_mig.everything
+    assert config.exclude_nics.patterns == ("stor*", "0000:3b:00.*") and config.nic_shares == 8
+    assert config.metrics_address == "10.0.0.7:9555" and config.list_attributes
+    assert config.driver_name == "gpus.example.com"
+    container = _one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"] == ["run", "--no-binding-conditions", "--nic-binding-conditions"]
+    assert not config.mig_binding_conditions and config.nic_binding_conditions
+    assert flags.verbose == 4 and flags.log_format == "text"
+    # The port is the node's: a hostPort would keep the surge pod of a rolling update off the node.
+    assert "ports" not in container
+
+
+def test_driver_name_reaches_every_place_that_must_agree(helm: str) -> None:
+    docs = render(helm, "driverName=gpus.example.com")
+    text = yaml.safe_dump_all(docs)
+    assert 'tandem.dev"' not in text and "plugins/tandem.dev" not in text
+    assert {d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"} == {
+        "gpu.gpus.example.com", "mig.gpus.example.com", "nic.gpus.example.com"}  # fmt: skip
+    classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
+    assert classes["nic.gpus.example.com"]["extendedResourceName"] == "gpus.example.com/rdma"
+    assert classes["gpu.gpus.example.com"]["extendedResourceName"] == "nvidia.com/gpu"
+    rules = _one(docs, "ClusterRole")["rules"]
+    assert [r["resourceNames"] for r in rules if "resourceNames" in r] == [["gpus.example.com"]]
+
+
+def test_gpu_operator_driver_root_is_one_propagated_mount(helm: str) -> None:
+    spec = _one(render(helm, *VALUE_SETS["gpu-operator"]), "DaemonSet")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["NVIDIA_DRIVER_ROOT"] == "/driver-root" and env["NVIDIA_DRIVER_ROOT_HOST"] == "/run/nvidia/driver"
+    mounts = [m for m in container["volumeMounts"] if m["mountPath"].startswith("/driver-root")]
+    assert mounts == [{"name": "driver-root", "mountPath": "/driver-root", "readOnly": True,
+                       "mountPropagation": "HostToContainer"}]  # fmt: skip
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "driver-root"]
+    assert volume["hostPath"]["path"] == "/run/nvidia/driver"
+    assert not [v for v in spec["volumes"] if v["name"].startswith("driver-root-")]
+
+
+def test_nic_only_nodes_mount_no_driver_root(helm: str) -> None:
+    docs = render(helm, *VALUE_SETS["nic-only"])
+    spec = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert not [v for v in spec["volumes"] if v["name"].startswith("driver-root")]
+    assert [d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass"] == ["nic.tandem.dev"]
+
+
+def test_metrics_service_and_service_monitor(helm: str) -> None:
+    assert not [d for d in render(helm) if d["kind"] in ("Service", "ServiceMonitor")]
+    without_crd = render(helm, "metrics.enabled=true")
+    service = _one(without_crd, "Service")
+    assert service["spec"]["clusterIP"] == "None" and service["spec"]["ports"][0]["port"] == 9400
+    selector = _one(without_crd, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= selector.items()
+    assert not [d for d in without_crd if d["kind"] == "ServiceMonitor"]  # its CRD is not served
+    monitor = _one(render(helm, "metrics.enabled=true", api_versions=(SERVICE_MONITOR,)), "ServiceMonitor")
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+def test_switches_turn_their_objects_off(helm: str) -> None:
+    docs = render(helm, *VALUE_SETS["bare"], "deviceClasses.gpu.extendedResourceName=")
+    kinds = {d["kind"] for d in docs}
+    assert not kinds & {"Namespace", "ResourceQuota", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    spec = _one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert "priorityClassName" not in spec
+    assert spec["containers"][0]["image"] == "tandem-driver@sha256:" + "ab" * 32
+    assert "extendedResourceName" not in _one([d for d in docs if d["metadata"]["name"].startswith("gpu.")],
+                                              "DeviceClass")["spec"]  # fmt: skip
+
+
+def test_names_follow_the_release(helm: str) -> None:
+    """Two releases never fight over one cluster-wide object (the DeviceClasses follow driverName)."""
+    done = _run(helm, "template", "other", str(CHART), "--namespace", "other-ns", "--kube-version", K8S_VERSION)
+    docs = [d for d in yaml.safe_load_all(done.stdout) if d]
+    cluster_wide = {
+        d["metadata"]["name"] for d in docs if "namespace" not in d["metadata"] and d["kind"] != "DeviceClass"
+    }
+    assert cluster_wide == {"other-ns", "other-tandem-driver", "other-tandem-driver-own-node-slices",
+                            "other-tandem-opaque-config"}  # fmt: skip
+    policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and "own-node" in d["metadata"]["name"])
+    assert "system:serviceaccount:other-ns:other-tandem-driver" in policy["spec"]["matchConditions"][0]["expression"]
+
+
+# -- what the chart refuses ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        (("nics.shares=many",), "at '/nics/shares': got string, want null or integer"),
+        (("listAttributes=yes",), "at '/listAttributes': got string, want boolean"),
+        (("metrics.port=70000",), "at '/metrics/port': maximum"),
+        (("deviceKinds={gpu,fpga}",), "at '/deviceKinds/1': value must be one of 'gpu', 'nic'"),
+        (("driverName=Tandem_Dev",), "at '/driverName': 'Tandem_Dev' does not match pattern"),
+        (("gpuSharing=some",), "at '/gpuSharing': 'oneOf' failed"),
+        (("nvidiaDriverRoot=run/nvidia/driver",), "at '/nvidiaDriverRoot'"),
+        (("image.pullPolicy=Sometimes",), "at '/image/pullPolicy'"),
+        (("kubeletPlugin.tolerations=none",), "at '/kubeletPlugin/tolerations': got string, want array"),
+        (("gpuSharig=all",), "additional properties 'gpuSharig' not allowed"),
+    ],
+)
+def test_schema_refuses_wrong_types(helm: str, values: tuple[str, ...], message: str) -> None:
+    assert message in refusal(helm, *values)
+
+
+@pytest.mark.parametrize(
+    ("values", "namespace", "message"),
+    [
+        ((), "default", 'namespace "default": Tandem\'s namespace must admit privileged pods'),
+        ((), "kube-system", 'namespace "kube-system"'),
+        (("driverName=gpu.nvidia.com",), NAMESPACE, 'driverName "gpu.nvidia.com" belongs to another DRA driver'),
+        (("driverName=resource.k8s.io",), NAMESPACE, "Kubernetes-reserved domain"),
+        (("deviceKinds={nic}", "gpuSharing=all", "deviceClasses.gpu.extendedResourceName="), NAMESPACE,
+         'gpuSharing and dynamicMig.gpus need "gpu" in deviceKinds'),
+        (("deviceKinds={nic}",), NAMESPACE, "pods asking for nvidia.com/gpu would wait for GPUs Tandem never publishes"),
+    ],
+)  # fmt: skip
+def test_unsafe_combinations_fail_with_a_reason(
+    helm: str, values: tuple[str, ...], namespace: str, message: str
+) -> None:
+    assert message in refusal(helm, *values, namespace=namespace)
