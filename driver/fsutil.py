@@ -28,7 +28,8 @@ counts: the checkpoint names the boot it was written in and is discarded in the 
 unreadable is set aside and rebuilt like a lost one); CDI specs live in `/var/run/cdi`, a tmpfs;
 the kubelet prepares the claims of every restarted pod again, which rewrites its files; and
 start-up reconciliation removes what no record accounts for. An fsync there would protect nothing
-and cost a disk flush per file: 15 per prepare and unprepare.
+and cost a disk flush per file: 15 per prepare and unprepare. Nor does ext4 flush them at the
+rename (`cdi.files` says how, and what that flush cost a prepare).
 """
 
 from __future__ import annotations

@@ -93,8 +93,19 @@ def encode_stream(documents: Sequence[dict[str, Any]]) -> bytes:
 
 
 def encode_versions(doc: dict[str, Any]) -> bytes:
-    """A file's content: `doc` once per version of API_VERSIONS, newest first."""
-    return encode_stream([{**doc, "apiVersion": version} for version in API_VERSIONS])
+    """A file's content: `doc` once per version of API_VERSIONS, newest first.
+
+    Encoded once: the versions differ only in `apiVersion`, the second key (after the constant
+    `kind`), so its first occurrence in the text is that key's. Indented JSON comes from the
+    standard library's pure-Python encoder: for a GPU's attributes 0.35 ms once, 0.7 ms per file
+    when encoded per version, on every prepare's path."""
+    if list(doc)[:2] != ["kind", "apiVersion"]:
+        return encode_stream([{**doc, "apiVersion": version} for version in API_VERSIONS])
+    text = json.dumps({**doc, "apiVersion": API_VERSIONS[0]}, indent=2, ensure_ascii=False)
+    newest = f'"apiVersion": {json.dumps(API_VERSIONS[0])}'
+    return "".join(
+        text.replace(newest, f'"apiVersion": {json.dumps(version)}', 1) + "\n" for version in API_VERSIONS
+    ).encode()
 
 
 def decode_stream(data: bytes) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from cdi import (
     update_spec,
     write_spec,
 )
+from cdi import files as cdi_files
 
 VENDOR = "k8s.tandem.example.org"
 
@@ -165,6 +166,59 @@ def test_durable_writes_and_removals_fsync_the_file_and_the_directory(tmp_path: 
     assert update_spec(tmp_path, _spec(), "y.json", durable=False) is False  # unchanged: not rewritten
     remove_spec(tmp_path, "y.json", durable=False)
     assert synced == []
+
+
+def test_a_write_that_need_not_be_durable_exchanges_the_names_instead_of_renaming_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ext4 flushes a file renamed over another to the disk inside the rename (`cdi.files` says
+    why that is a stall); an exchange of the names is as atomic and gets no such flush."""
+    write_spec(tmp_path, _spec(env="A=old"), "x.json")
+    held = os.open(tmp_path / "x.json", os.O_RDONLY)  # a reader that opened the old file keeps it whole
+    monkeypatch.setattr(os, "replace", lambda *_: pytest.fail("a plain rename over the spec"))
+    try:
+        assert update_spec(tmp_path, _spec(env="A=new"), "x.json", durable=False) is True
+        assert read_spec(tmp_path / "x.json") == _spec(env="A=new")
+        assert json.loads(os.pread(held, 1 << 16, 0)) == _spec(env="A=old").to_dict()
+    finally:
+        os.close(held)
+    assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_a_writer_killed_after_the_exchange_leaves_the_old_content_to_the_sweep(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_spec(tmp_path, _spec(env="A=old"), "x.json")
+    real_unlink = os.unlink
+
+    def killed(path: str, *args: object, **kwargs: object) -> None:
+        if Path(path).name.startswith(".x.json."):
+            raise SystemExit("killed")
+        real_unlink(path)
+
+    monkeypatch.setattr(os, "unlink", killed)
+    with pytest.raises(SystemExit):
+        update_spec(tmp_path, _spec(env="A=new"), "x.json", durable=False)
+    monkeypatch.setattr(os, "unlink", real_unlink)
+    assert read_spec(tmp_path / "x.json") == _spec(env="A=new")
+    (left,) = (p for p in tmp_path.iterdir() if p.name != "x.json")
+    assert remove_temp_files(tmp_path) == [left]
+    assert os.listdir(tmp_path) == ["x.json"]
+
+
+def test_what_is_no_regular_file_is_never_exchanged_away(tmp_path: Path) -> None:
+    (tmp_path / "x.json").mkdir()
+    with pytest.raises(IsADirectoryError):
+        cdi_files.atomic_write(tmp_path / "x.json", b"{}", durable=False)
+    assert (tmp_path / "x.json").is_dir() and os.listdir(tmp_path) == ["x.json"]
+
+
+def test_without_an_exchange_a_plain_rename_replaces_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cdi_files, "_renameat2", None)  # not Linux, or a C library without it
+    write_spec(tmp_path, _spec(env="A=1"), "x.json", durable=False)
+    write_spec(tmp_path, _spec(env="A=2"), "x.json", durable=False)
+    assert read_spec(tmp_path / "x.json").devices[0].container_edits.env == ("A=2",)
+    assert os.listdir(tmp_path) == ["x.json"]
 
 
 def test_overwrite_replaces_the_content(tmp_path: Path):

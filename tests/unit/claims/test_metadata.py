@@ -14,7 +14,16 @@ import pytest
 
 import cdi
 from driver.claims.metadata import MetadataWriter, assign_metadata_ids
-from driver.claims.metadata_format import MetadataDevice, MetadataError, attributes_json, decode_stream, encode_stream
+from driver.claims.metadata_format import (
+    API_VERSIONS,
+    MetadataDevice,
+    MetadataError,
+    attributes_json,
+    decode_stream,
+    document,
+    encode_stream,
+    encode_versions,
+)
 from driver.model import NUMA_NODE, Device, DeviceKind, Version
 
 DRIVER = "tandem.example.org"
@@ -356,3 +365,14 @@ def test_attributes_json_matches_the_slice_form() -> None:
         "mig": {"bool": False},
         "memory": {"int": 80},
     }
+
+
+def test_the_versions_of_a_file_are_one_object_each_whatever_its_strings_hold() -> None:
+    """encode_versions encodes once and swaps the apiVersion: a device string naming an
+    apiVersion, or a key order it does not expect, changes nothing in what it writes."""
+    tricky = gpu(attrs={"note": {"string": f'"apiVersion": "{BETA}"'}})
+    doc = document("tandem.example", "ns", "claim", UID, 1, "", "gpu", [tricky])
+    expected = encode_stream([{**doc, "apiVersion": version} for version in API_VERSIONS])
+    assert encode_versions(doc) == expected
+    reordered = {"apiVersion": BETA, **doc}
+    assert encode_versions(reordered) == encode_stream([{**reordered, "apiVersion": v} for v in API_VERSIONS])
