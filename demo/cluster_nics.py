@@ -18,8 +18,8 @@ becomes `dev<ifindex>`). It also keeps the node's sysfs in step, as the kernel k
 under its current name. What Tandem then does with a NIC back under its pod name is its own
 business (driver/claims/nic/homes.py).
 
-    python -m demo.cluster_nics run --root DIR --node-name NAME    (hack/cluster.sh: nic-hardware)
-    python -m demo.cluster_nics down --root DIR --node-name NAME   (removes the veths)
+    python -m demo.cluster_nics run --root DIR --node-name NAME [--gpus 8 --nics 4]   (hack/cluster.sh: nic-hardware)
+    python -m demo.cluster_nics down --root DIR --node-name NAME [--gpus 8 --nics 4]  (removes the veths)
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from demo.cluster_node import ClusterNode
+from demo.cluster_node import ClusterNode, add_size_arguments
 from sim.profile import NicSpec
 
 log = logging.getLogger("cluster-nics")
@@ -185,9 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("action", choices=("run", "down"))
     p.add_argument("--root", type=Path, required=True, help="where the simulated node lives")
     p.add_argument("--node-name", required=True)
+    add_size_arguments(p)
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    hardware = NicHardware(ClusterNode(a.root, Path("/dev/null"), a.node_name))
+    hardware = NicHardware(ClusterNode(a.root, Path("/dev/null"), a.node_name, a.gpus, a.nics))
     if a.action == "down":
         hardware.remove()
         return 0

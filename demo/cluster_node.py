@@ -5,7 +5,7 @@ Only the hardware is simulated: the daemon's sysfs, /dev, NVIDIA driver root and
 the real ones, so the real kubelet registers it through its plugin watcher, the real scheduler
 allocates what it publishes, and the real containerd applies the CDI specs it writes.
 
-    python -m demo.cluster_node start --root DIR --kubeconfig FILE --node-name NAME [-- FLAG...]
+    python -m demo.cluster_node start --root DIR --kubeconfig FILE --node-name NAME [--gpus 8 --nics 4] [-- FLAG...]
     python -m demo.cluster_node stop --root DIR
 
 The simulated node is rendered once and kept across restarts of the daemon (an XID raised in its
@@ -46,6 +46,8 @@ class ClusterNode:
     root: Path
     kubeconfig: Path
     node_name: str
+    gpus: int = 8
+    nics: int = 4
 
     @property
     def pid_file(self) -> Path:
@@ -66,7 +68,7 @@ class ClusterNode:
     def sim_node(self) -> SimNode:
         """Renders the node on first use; afterwards the same files, whatever happened to them
         (rendered afresh only when the profile itself changed, as after an upgrade of this repo)."""
-        profile = cluster_profile(self.node_name)
+        profile = cluster_profile(self.node_name, self.gpus, self.nics)
         fingerprint = hashlib.sha256(profile.to_json().encode()).hexdigest()
         mark = self.root / RENDERED_MARK
         if mark.exists() and mark.read_text() != fingerprint:
@@ -142,14 +144,21 @@ class ClusterNode:
         self.pid_file.unlink(missing_ok=True)
 
 
-def cluster_profile(node_name: str) -> NodeProfile:
-    """The simulated HGX H100 of the cluster node (MIG mode off, as an H100 ships). Its NICs get
-    real netdevs on this machine (`demo.cluster_nics`), so their addresses must not clash with the
-    machine's own networks: IPv6 from a ULA prefix of their own rather than fd00:<n>::/64."""
-    profile = h100_node(node_name, mig_capable=True)
+def cluster_profile(node_name: str, gpus: int = 8, nics: int = 4) -> NodeProfile:
+    """The simulated HGX H100 of the cluster node (MIG mode off, as an H100 ships); a smaller board
+    of the same make with fewer GPUs and NICs (`up --nodes 3` gives its third node 4 and 2). Its
+    NICs get real netdevs on this machine (`demo.cluster_nics`), so their addresses must not clash
+    with the machine's own networks: IPv6 from a ULA prefix of their own rather than fd00:<n>::/64."""
+    profile = h100_node(node_name, gpus, nics, mig_capable=True)
     for j, nic in enumerate(profile.nics):
         nic.ipv6 = [f"fd7a:7a6e:{j}::{10 + j}/64"]
     return profile
+
+
+def add_size_arguments(p: argparse.ArgumentParser) -> None:
+    """--gpus and --nics: the node's size, which every process that renders or reads it must share."""
+    p.add_argument("--gpus", type=int, default=8, help="GPUs of the simulated node")
+    p.add_argument("--nics", type=int, default=4, help="RoCE NICs of the simulated node")
 
 
 def _reap(pid: int) -> None:
@@ -166,11 +175,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--root", type=Path, required=True, help="where the simulated node lives")
     p.add_argument("--kubeconfig", type=Path, default=Path("/dev/null"))
     p.add_argument("--node-name", default="")
+    add_size_arguments(p)
     args = sys.argv[1:] if argv is None else argv
     split = args.index("--") if "--" in args else len(args)
     a = p.parse_args(args[:split])
     flags = args[split + 1 :]
-    node = ClusterNode(a.root, a.kubeconfig, a.node_name)
+    node = ClusterNode(a.root, a.kubeconfig, a.node_name, a.gpus, a.nics)
     if a.action == "stop":
         node.stop()
         return 0

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A real one-node Kubernetes v1.37 cluster on this machine, with Tandem serving its devices.
+# A real Kubernetes v1.37 cluster on this machine (one node, or more), with Tandem serving devices.
 #
-#   hack/cluster.sh up      build (first time, cached), start everything, start Tandem; idempotent
+#   hack/cluster.sh up [--nodes N]   build (first time, cached), start everything, start Tandem on
+#                           each node; idempotent. N nodes (default 1): docs/cluster.md
 #   hack/cluster.sh env     export lines for a shell: eval "$(hack/cluster.sh env)"
 #   hack/cluster.sh status  what runs, and where each component logs
 #   hack/cluster.sh down    stop everything and remove the cluster's state
-#   hack/cluster.sh restart COMPONENT   e.g. kubelet, containerd, kube-apiserver, nic-hardware, tandem
-#   hack/cluster.sh image [TAG]         build the Dockerfile's image, load it into the node
+#   hack/cluster.sh restart COMPONENT [NODE]   e.g. kubelet, containerd, kube-apiserver, tandem
+#   hack/cluster.sh image [TAG [COMMIT]]  build the Dockerfile's image (of COMMIT: cached), load it
+#                           into every node
 #   hack/cluster.sh build   only build (or find cached) binaries and images
 #
 # Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
@@ -16,7 +18,7 @@
 # Debian (Debian's runc is installed too, for podman in `image` only). Set up as a production
 # cluster: TLS everywhere, Node+RBAC authorization, NodeRestriction, bound service-account tokens,
 # the kubelet with its own node identity. docs/cluster.md explains every setting that differs from
-# a default and why (cgroup v1 on this machine, no registry, one node).
+# a default and why (cgroup v1 on this machine, no registry, nodes in namespaces of their own).
 #
 # Environment: TANDEM_CLUSTER_STATE (default /var/lib/tandem-cluster), TANDEM_CLUSTER_CACHE
 # (default ~/.cache/tandem-cluster), TANDEM_CLUSTER_TANDEM=none to start no Tandem node process.
@@ -28,15 +30,15 @@ here="$repo/hack/cluster"
 source "$here/lib.sh"
 
 case "${1:-}" in
-  up) cluster_up ;;
+  up) cluster_up "${@:2}" ;;
   down) cluster_down ;;
   env) cluster_env ;;
   status) cluster_status ;;
   build) cluster_build ;;
-  restart) cluster_restart "${2:?which component?}" ;;
-  image) cluster_image "${2:-localhost/tandem-driver:dev}" ;;
+  restart) cluster_restart "${2:?which component?}" "${@:3}" ;;
+  image) cluster_image "${2:-localhost/tandem-driver:dev}" "${3:-}" ;;
   *)
-    sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

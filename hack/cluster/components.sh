@@ -67,6 +67,7 @@ host_network_up() {
 
 host_network_down() {
   ip link del tandem-svc 2>/dev/null || true
+  ip link del "$NODES_BRIDGE" 2>/dev/null || true # the nodes' veths went with their namespaces
   ip link del tandem-cni0 2>/dev/null || true
   [ -x "${BIN:-}/kube-proxy" ] && "$BIN/kube-proxy" --cleanup >/dev/null 2>&1 || true
   # What is left is the kubelet's (KUBE-FIREWALL, canaries): the jumps into it, then its chains.
@@ -164,22 +165,22 @@ import_images() {
 
 start_kubelet() {
   mkdir -p "$STATE/kubelet" "$KUBELET_ROOT"
-  sed -e "s|@PKI@|$PKI|g" -e "s|@CONTAINERD_SOCK@|$CONTAINERD_SOCK|g" \
+  sed -e "s|@PKI@|$NODE_PKI|g" -e "s|@CONTAINERD_SOCK@|$CONTAINERD_SOCK|g" -e "s|@CGROUP_ROOT@|$CGROUP_ROOT|g" \
     -e "s|@FEATURE_GATES@|$(echo "$FEATURE_GATES" | sed 's/=/: /g; s/,/, /g')|" \
     "$here/config/kubelet.yaml" >"$STATE/kubelet/config.yaml"
   start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
-    --kubeconfig "$PKI/kubelet.kubeconfig" --hostname-override "$NODE_NAME" --node-ip "$HOST_IP" \
+    --kubeconfig "$NODE_PKI/kubelet.kubeconfig" --hostname-override "$NODE_NAME" --node-ip "$HOST_IP" \
     --root-dir "$KUBELET_ROOT" --node-labels tandem.dev/enabled=true
   wait_for 120 "node $NODE_NAME Ready" "$LOGS/kubelet.log" \
     kubectl_admin wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
 }
 
 start_kube_proxy() {
-  start kube-proxy "$BIN/kube-proxy" --kubeconfig "$PKI/kube-proxy.kubeconfig" \
+  start kube-proxy "$BIN/kube-proxy" --kubeconfig "$NODE_PKI/kube-proxy.kubeconfig" \
     --hostname-override "$NODE_NAME" --proxy-mode iptables --cluster-cidr "$POD_CIDR" \
     --bind-address "$HOST_IP" --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
     --conntrack-max-per-core 0
-  wait_for 60 kube-proxy "$LOGS/kube-proxy.log" curl -sf http://127.0.0.1:10256/healthz
+  wait_for 60 kube-proxy "$LOGS/kube-proxy.log" "${IN_NODE[@]}" curl -sf http://127.0.0.1:10256/healthz
 }
 
 remove_all_containers() {
@@ -210,18 +211,19 @@ PY
 # pod's namespace that holds one goes (demo/cluster_nics.py): exclusive NICs move for real.
 start_nic_hardware() {
   start nic-hardware env PYTHONPATH="$repo" "$repo/.venv/bin/python" -m demo.cluster_nics run \
-    --root "$STATE/node" --node-name "$NODE_NAME"
+    --root "$STATE/node" --node-name "$NODE_NAME" --gpus "$NODE_GPUS" --nics "$NODE_NICS"
   wait_for 60 "the NICs' netdevs" "$LOGS/nic-hardware.log" nics_present
 }
 
 nics_present() {
-  [ "$(ip -br link show | grep -cE '^ens[0-9]+f0np0[@ ]')" -gt 0 ]
+  [ "$("${IN_NODE[@]}" ip -br link show | grep -cE '^ens[0-9]+f0np0[@ ]')" -gt 0 ]
 }
 
 stop_nic_hardware() {
   stop nic-hardware
   [ -d "$STATE/node" ] || return 0
-  (cd "$repo" && .venv/bin/python -m demo.cluster_nics down --root "$STATE/node" --node-name "$NODE_NAME") || true
+  (cd "$repo" && "${IN_NODE[@]}" .venv/bin/python -m demo.cluster_nics down --root "$STATE/node" \
+    --node-name "$NODE_NAME" --gpus "$NODE_GPUS" --nics "$NODE_NICS") || true
 }
 
 # Tandem as a process on the node, with the service account of daemonset.yaml: a token bound to
@@ -236,7 +238,7 @@ apiVersion: v1
 kind: Config
 clusters:
   - name: tandem
-    cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$PKI/ca.crt"}
+    cluster: {server: "$API_SERVER", certificate-authority: "$NODE_PKI/ca.crt"}
 users:
   - name: tandem-driver
     user: {token: "$token"}
@@ -246,8 +248,9 @@ contexts:
 current-context: tandem
 EOF2
   chmod 600 "$dir/kubeconfig"
-  (cd "$repo" && .venv/bin/python -m demo.cluster_node start --root "$STATE/node" \
-    --kubeconfig "$dir/kubeconfig" --node-name "$NODE_NAME" -- --log-format json) >/dev/null
+  (cd "$repo" && "${IN_NODE[@]}" .venv/bin/python -m demo.cluster_node start --root "$STATE/node" \
+    --kubeconfig "$dir/kubeconfig" --node-name "$NODE_NAME" --gpus "$NODE_GPUS" --nics "$NODE_NICS" \
+    -- --log-format json) >/dev/null
   ln -sf "$STATE/node/tandem.pid" "$RUN/tandem.pid"
   ln -sf "$STATE/node/tandem.log" "$LOGS/tandem.log"
   wait_for 60 "Tandem's ResourceSlices" "$LOGS/tandem.log" tandem_published

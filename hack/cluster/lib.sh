@@ -20,6 +20,14 @@ CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 TEST_IMAGE=localhost/tandem/busybox:1
 PAUSE_IMAGE=localhost/tandem/pause:1
 ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"
+API_SERVER=https://127.0.0.1:6443
+# What differs between the nodes of `up --nodes N` (nodes.sh, use_node): node 1, the only one of a
+# one-node cluster, runs in the machine's own namespaces with these; nodes 2..N each in their own.
+NODE_PKI="$PKI"    # the node's credentials and its copy of the CA certificate
+CGROUP_ROOT=/      # the kubelet's cgroupRoot
+NODE_GPUS=8        # the simulated node's size (demo/cluster_node.py)
+NODE_NICS=4
+IN_NODE=()         # the command prefix that runs a command in the node's namespaces
 
 # shellcheck source=build.sh
 source "$here/build.sh"
@@ -27,6 +35,8 @@ source "$here/build.sh"
 source "$here/pki.sh"
 # shellcheck source=components.sh
 source "$here/components.sh"
+# shellcheck source=nodes.sh
+source "$here/nodes.sh"
 
 say() { printf '%s %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -67,7 +77,7 @@ start() {
       fd="${fd##*/}"
       [ "$fd" -gt 2 ] && eval "exec $fd>&-" 2>/dev/null
     done
-    exec setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null
+    exec setsid "${IN_NODE[@]}" "$@" >>"$LOGS/$name.log" 2>&1 </dev/null
   ) &
   echo $! >"$RUN/$name.pid"
 }
@@ -107,7 +117,14 @@ cluster_build() {
 
 cluster_up() {
   need_root
-  local t0=$SECONDS
+  local t0=$SECONDS nodes=1 i pids=() pid
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --nodes) nodes="${2:-}"; shift 2 || shift ;;
+      *) die "up: unknown option $1" ;;
+    esac
+  done
+  [[ "$nodes" =~ ^[1-9][0-9]?$ ]] || die "up: --nodes wants a number of nodes from 1 to 99"
   host_prereqs # first: building the images needs Debian's busybox-static on a fresh machine
   # Tandem's node process, the NIC hardware and the rendering of daemonset.yaml's objects run on
   # .venv's Python, which on a fresh checkout nothing has made yet (hack/test.sh, hack/demo.sh and
@@ -123,15 +140,21 @@ cluster_up() {
   bootstrap_rbac
   start_controller_manager
   start_scheduler
-  start_containerd
-  import_images
-  start_kubelet
-  start_kube_proxy
   install_tandem_objects
-  start_nic_hardware
-  if [ "${TANDEM_CLUSTER_TANDEM:-node}" = node ]; then
-    start_tandem_node
-  fi
+  [ "$nodes" = 1 ] || nodes_bridge_up
+  for ((i = 2; i <= nodes; i++)); do
+    (use_node "$i"; node_pki)
+  done
+  # The nodes side by side: most of a node's start is waiting for its kubelet and its Tandem.
+  start_node &
+  pids+=($!)
+  for ((i = 2; i <= nodes; i++)); do
+    (use_node "$i"; node_namespaces_up; start_node) &
+    pids+=($!)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid" || die "a node did not come up: its component's log is above, the others in hack/cluster.sh status"
+  done
   say "cluster up in $((SECONDS - t0))s"
   cluster_status
   cat >&2 <<EOF
@@ -141,11 +164,16 @@ Stop it: $repo/hack/cluster.sh down
 EOF
 }
 
+# cluster_restart COMPONENT [NODE]: NODE for the components of a node other than the first.
 cluster_restart() {
   need_root
   find_build || die "the cluster is not built yet: run hack/cluster.sh up"
   detect_host_ip
-  local name="$1" starter
+  local name="$1" node="${2:-$NODE_NAME}" starter
+  if [ "$node" != "$NODE_NAME" ]; then
+    [ -d "$STATE/nodes/$node" ] || die "the cluster has no node $node"
+    use_node "${node##*-}"
+  fi
   case "$name" in
     etcd | containerd | kubelet | kube-proxy) starter="start_${name//-/_}" ;;
     kube-scheduler) starter=start_scheduler ;;
@@ -163,24 +191,39 @@ cluster_restart() {
   "$starter"
 }
 
-# cluster_image TAG: the project's image, as the DaemonSet would pull it, in the node's containerd.
+# cluster_image TAG [COMMIT]: the project's image (of COMMIT: build_tandem_image), as the
+# DaemonSet would pull it, in every node's containerd.
 cluster_image() {
   need_root
   find_build || die "the cluster is not built yet: run hack/cluster.sh up"
-  local archive
-  archive="$(build_tandem_image "$1")" # a failed build stops here (set -e), not in the import
+  local archive i
+  archive="$(build_tandem_image "$1" "${2:-}")" # a failed build stops here (set -e), not in the import
   import_images "$archive"
+  for i in $(node_indexes); do
+    (use_node "$i"; import_images "$archive")
+  done
   echo "$1"
 }
 
 cluster_status() {
-  local name
+  local i
   printf '%-20s %-8s %s\n' COMPONENT STATE LOG >&2
-  for name in etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy nic-hardware tandem; do
+  components_status "" etcd kube-apiserver kube-controller-manager kube-scheduler containerd kubelet kube-proxy \
+    nic-hardware tandem
+  for i in $(node_indexes); do
+    (use_node "$i"; components_status "$NODE_NAME/" namespaces containerd kubelet kube-proxy nic-hardware tandem)
+  done
+}
+
+# components_status PREFIX NAME...: a line for each component that ran, its name after PREFIX.
+components_status() {
+  local prefix="$1" name
+  shift
+  for name in "$@"; do
     if running "$name"; then
-      printf '%-20s %-8s %s\n' "$name" running "$LOGS/$name.log" >&2
+      printf '%-20s %-8s %s\n' "$prefix$name" running "$LOGS/$name.log" >&2
     elif [ -f "$LOGS/$name.log" ]; then
-      printf '%-20s %-8s %s\n' "$name" stopped "$LOGS/$name.log" >&2
+      printf '%-20s %-8s %s\n' "$prefix$name" stopped "$LOGS/$name.log" >&2
     fi
   done
 }
@@ -188,20 +231,17 @@ cluster_status() {
 cluster_down() {
   need_root
   find_build || true
-  # Tandem and the kubelet first, so nothing restarts what is being torn down; then every pod's
-  # containers through containerd (their processes belong to shims that outlive containerd).
-  stop tandem
-  stop kube-proxy
-  stop kubelet
-  remove_all_containers
-  stop_nic_hardware
-  stop containerd
+  local i
+  # The nodes first, side by side, then the control plane.
+  for i in $(node_indexes); do
+    (use_node "$i"; stop_node; node_namespaces_down) &
+  done
+  stop_node
+  wait
   stop kube-scheduler
   stop kube-controller-manager
   stop kube-apiserver
   stop etcd
-  # A shim whose container could not be killed through containerd would hold mounts.
-  pkill -KILL -f "containerd-shim-runc-v2 .*-address $CONTAINERD_SOCK" 2>/dev/null || true
   host_network_down
   unmount_below "$KUBELET_ROOT"
   unmount_below "$STATE"
@@ -213,8 +253,10 @@ cluster_down() {
   done
   rm -rf --one-file-system "$KUBELET_ROOT" "$STATE"
   rm -f "$CDI_ROOT"/k8s.tandem.dev-*.json "$CDI_ROOT"/*tandem.dev*metadata*.json 2>/dev/null || true
-  if pgrep -f "$STATE|$CONTAINERD_SOCK" >/dev/null || [ -e "$STATE" ] || [ -e "$KUBELET_ROOT" ]; then
-    die "something of the cluster is left: $(pgrep -af "$STATE|$CONTAINERD_SOCK" | head -3)"
+  local cgroups
+  cgroups="$(compgen -G "/sys/fs/cgroup/*/$NODE_NAME-[0-9]*" || true)"
+  if pgrep -f "$STATE|$CONTAINERD_SOCK" >/dev/null || [ -e "$STATE" ] || [ -e "$KUBELET_ROOT" ] || [ -n "$cgroups" ]; then
+    die "something of the cluster is left: $(pgrep -af "$STATE|$CONTAINERD_SOCK" | head -3) $cgroups"
   fi
   say "cluster removed"
 }

@@ -24,7 +24,8 @@ cert() {
   rm -f "$PKI/$name.csr" "$PKI/$name.ext"
 }
 
-# kubeconfig NAME: a kubeconfig for the client certificate NAME, talking to the API server.
+# kubeconfig NAME: a kubeconfig for the client certificate NAME, talking to the API server at
+# $API_SERVER (a node of its own network namespace reaches it through the machine's address).
 kubeconfig() {
   local name="$1" file="$PKI/$1.kubeconfig"
   [ -f "$file" ] && return 0
@@ -34,7 +35,7 @@ kind: Config
 clusters:
   - name: tandem
     cluster:
-      server: https://127.0.0.1:6443
+      server: $API_SERVER
       certificate-authority: $PKI/ca.crt
 users:
   - name: $name
@@ -47,6 +48,17 @@ contexts:
 current-context: tandem
 EOF
   chmod 600 "$file"
+}
+
+# node_certs PREFIX: the node's own credentials, $PKI/PREFIX{kubelet,kubelet-server,kube-proxy}:
+# its kubelet as system:node:$NODE_NAME, serving on $HOST_IP, and its kube-proxy.
+node_certs() {
+  local p="$1"
+  cert "${p}kubelet-server" "system:node:$NODE_NAME" system:nodes serverAuth "IP:127.0.0.1,IP:$HOST_IP,DNS:$NODE_NAME"
+  cert "${p}kubelet" "system:node:$NODE_NAME" system:nodes clientAuth
+  cert "${p}kube-proxy" system:kube-proxy "" clientAuth
+  kubeconfig "${p}kubelet"
+  kubeconfig "${p}kube-proxy"
 }
 
 make_pki() {
@@ -62,13 +74,11 @@ make_pki() {
   cert apiserver kube-apiserver "" serverAuth \
     "IP:127.0.0.1,IP:$ip,IP:$API_SERVICE_IP,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
   cert apiserver-kubelet-client kube-apiserver-kubelet-client "" clientAuth
-  cert kubelet-server "system:node:$NODE_NAME" system:nodes serverAuth "IP:127.0.0.1,IP:$ip,DNS:$NODE_NAME"
-  cert kubelet "system:node:$NODE_NAME" system:nodes clientAuth
+  node_certs ""
   cert controller-manager system:kube-controller-manager "" clientAuth
   cert scheduler system:kube-scheduler "" clientAuth
-  cert kube-proxy system:kube-proxy "" clientAuth
   cert admin tandem-cluster-admin system:masters clientAuth
-  for name in kubelet controller-manager scheduler kube-proxy admin; do kubeconfig "$name"; done
+  for name in controller-manager scheduler admin; do kubeconfig "$name"; done
   # Service-account tokens are signed with this key and verified with its public half.
   if [ ! -f "$PKI/sa.key" ]; then
     openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null

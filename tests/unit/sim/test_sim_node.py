@@ -465,3 +465,19 @@ def test_the_cluster_node_is_rendered_anew_when_its_profile_changes(tmp_path: Pa
     node.sim_node()
     assert not stale.exists() and mark.read_text() == fingerprint
     assert (tmp_path / "sys" / "class" / "net" / "ens1f0np0" / "device").resolve().name == "0000:1a:00.0"
+
+
+def test_a_smaller_cluster_node_keeps_a_nic_behind_every_pair_of_gpus(tmp_path: Path) -> None:
+    """The third node of `hack/cluster.sh up --nodes 3` (4 GPUs, 2 NICs): the same board, so a GPU
+    and a NIC behind one switch still exist there, and a node of another size is rendered anew."""
+    small = ClusterNode(tmp_path, tmp_path / "kubeconfig", "n", gpus=4, nics=2).sim_node()
+    assert [g.index for g in small.profile.gpus] == [0, 1, 2, 3]
+    assert [n.ifname for n in small.profile.nics] == ["ens1f0np0", "ens2f0np0"]
+    sysfs = tmp_path / "sys"
+    for s, nic in enumerate(small.profile.nics):
+        switch = {
+            p.switch for p in (pcie_path(sysfs, g.pci_bus_id) for g in small.profile.gpus[2 * s : 2 * s + 2]) if p
+        }
+        assert switch == {nic.pcie_bridges[1]}
+    big = ClusterNode(tmp_path, tmp_path / "kubeconfig", "n").sim_node()
+    assert len(big.profile.gpus) == 8 and len(list((sysfs / "class" / "net").iterdir())) == 4
