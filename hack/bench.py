@@ -19,6 +19,9 @@ Speed and memory are measured here, never asserted in timed tests. Sections:
              failure on one GPU to the pod Running on the other (real cluster)
   reference  Tandem side by side with Go drivers on the official kubeletplugin helper, minimal and doing
              Tandem's work, in one run: issue 13's table with ratios (Tandem alone without Go)
+  scale      N nodes (100; TANDEM_SCALE_NODES=N, --quick 10) on one real control plane, each with Tandem and the
+             Go reference driver publishing the same devices, a kubelet stand-in for all: time to all slices
+             published, idle and churn API requests, GPU+NIC and 1-GPU pods at a steady rate, CPU and memory
 
 `python hack/bench.py [--quick] [--only SECTION ...]` prints JSON (the reference section also prints
 its table on stderr). The NIC netns cases need root and report why they were skipped otherwise.
@@ -46,6 +49,7 @@ import bench_nic
 import bench_nic_health
 import bench_prepare
 import bench_reference
+import bench_scale
 import bench_sharing
 import bench_slices
 import bench_topology
@@ -136,6 +140,10 @@ def reference(quick: bool) -> dict[str, Any]:
     return result
 
 
+def scale(quick: bool) -> dict[str, Any]:
+    return bench_scale.bench_scale(quick)
+
+
 SECTIONS = {
     "discovery": discovery,
     "slices": slices,
@@ -146,6 +154,7 @@ SECTIONS = {
     "cluster": cluster,
     "binding": binding,
     "reference": reference,
+    "scale": scale,
 }
 
 

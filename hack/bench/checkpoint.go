@@ -19,6 +19,8 @@ type deviceRecord struct {
 	Pool         string   `json:"pool"`
 	Device       string   `json:"device"`
 	CDIDeviceIDs []string `json:"cdiDeviceIDs,omitempty"`
+	// ShareID: the allocation's share of a device many claims may hold at once (a shared NIC).
+	ShareID string `json:"shareID,omitempty"`
 }
 
 type claimRecord struct {

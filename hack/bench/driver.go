@@ -87,7 +87,7 @@ func (d *driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		}
 		rec = claimRecord{Namespace: claim.Namespace, Name: claim.Name, State: stateStarted}
 		for _, r := range results {
-			rec.Devices = append(rec.Devices, deviceRecord{RequestNames: []string{r.Request}, Pool: r.Pool, Device: r.Device})
+			rec.Devices = append(rec.Devices, deviceRecord{RequestNames: []string{r.Request}, Pool: r.Pool, Device: r.Device, ShareID: shareID(r)})
 		}
 		if err := d.ckpt.put(uid, rec); err != nil {
 			return nil, err
@@ -105,7 +105,7 @@ func (d *driver) prepare(ctx context.Context, claim *resourceapi.ResourceClaim) 
 		spec.Devices = append(spec.Devices, cdispec.Device{Name: cdiName, ContainerEdits: gpuEdits(dev)})
 		records = append(records, deviceRecord{
 			RequestNames: []string{r.Request}, Pool: r.Pool, Device: r.Device,
-			CDIDeviceIDs: []string{spec.Kind + "=" + cdiName},
+			CDIDeviceIDs: []string{spec.Kind + "=" + cdiName}, ShareID: shareID(r),
 		})
 	}
 	version, err := cdiapi.MinimumRequiredVersion(spec)
@@ -155,8 +155,11 @@ func (d *driver) applyStatus(ctx context.Context, namespace, name string, uid ty
 	status := resourceac.ResourceClaimStatus()
 	now := metav1.Now()
 	for _, r := range records {
-		status.WithDevices(resourceac.AllocatedDeviceStatus().
-			WithDriver(d.name).WithPool(r.Pool).WithDevice(r.Device).
+		entry := resourceac.AllocatedDeviceStatus().WithDriver(d.name).WithPool(r.Pool).WithDevice(r.Device)
+		if r.ShareID != "" {
+			entry.WithShareID(r.ShareID)
+		}
+		status.WithDevices(entry.
 			WithConditions(metav1ac.Condition().
 				WithType("Ready").WithStatus(metav1.ConditionTrue).WithReason("Prepared").
 				WithMessage("prepared on node " + d.pool).WithLastTransitionTime(now)))
@@ -193,6 +196,14 @@ func (d *driver) unprepare(ctx context.Context, claim kubeletplugin.NamespacedOb
 	return d.ckpt.remove(uid)
 }
 
+// shareID is the allocation's share of a multi-allocatable device, "" for a device held whole.
+func shareID(r resourceapi.DeviceRequestAllocationResult) string {
+	if r.ShareID == nil {
+		return ""
+	}
+	return string(*r.ShareID)
+}
+
 func (d *driver) specName(uid string) string {
 	return cdiapi.GenerateTransientSpecName(d.vendor, cdiClass, uid) + ".json"
 }
@@ -208,13 +219,17 @@ func (d *driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceH
 	return kubeletplugin.ErrHealthNotSupported
 }
 
-// gpuEdits are a GPU's container edits: its device node and the control nodes, and its UUID.
+// gpuEdits are a device's container edits: a GPU's device node and the control nodes, and its UUID;
+// a device without a minor number (a NIC of -devices-file) gets its name in the environment only.
 func gpuEdits(dev resourceapi.Device) cdispec.ContainerEdits {
-	minor := *dev.Attributes["minor"].IntValue
+	minor, uuid := dev.Attributes["minor"].IntValue, dev.Attributes["uuid"].StringValue
+	if minor == nil || uuid == nil {
+		return cdispec.ContainerEdits{Env: []string{"REFDRIVER_DEVICE=" + dev.Name}}
+	}
 	return cdispec.ContainerEdits{
-		Env: []string{"NVIDIA_VISIBLE_DEVICES=" + *dev.Attributes["uuid"].StringValue},
+		Env: []string{"NVIDIA_VISIBLE_DEVICES=" + *uuid},
 		DeviceNodes: []*cdispec.DeviceNode{
-			{Path: fmt.Sprintf("/dev/nvidia%d", minor)},
+			{Path: fmt.Sprintf("/dev/nvidia%d", *minor)},
 			{Path: "/dev/nvidiactl"},
 			{Path: "/dev/nvidia-uvm"},
 			{Path: "/dev/nvidia-uvm-tools"},

@@ -17,6 +17,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
@@ -52,6 +53,7 @@ func run() error {
 	pluginsDir := flag.String("kubelet-plugins-dir", kubeletplugin.KubeletPluginsDir, "the data dir is <it>/<driver name>")
 	cdiRoot := flag.String("cdi-root", "/var/run/cdi", "CDI spec directory")
 	gpus := flag.Int("gpus", 8, "how many GPUs to publish (gpu-0 ... gpu-N-1)")
+	devicesFile := flag.String("devices-file", "", "publish these devices (a JSON list of resource.k8s.io/v1 Devices, e.g. another driver's slice of this node) instead of -gpus made-up GPUs")
 	qps := flag.Float64("kube-api-qps", 1000, "client QPS: high, so client-side throttling never dominates")
 	burst := flag.Int("kube-api-burst", 1000, "client burst")
 	serialize := flag.Bool("serialize", true, "let the helper serialise prepare and unprepare calls (its default)")
@@ -83,6 +85,11 @@ func run() error {
 		}
 	}
 	devices := makeGPUs(*gpus)
+	if *devicesFile != "" {
+		if devices, err = readDevices(*devicesFile); err != nil {
+			return err
+		}
+	}
 	drv, err := newDriver(*mode, *driverName, *nodeName, dataDir, *cdiRoot, *fsync, client, devices)
 	if err != nil {
 		return err
@@ -142,4 +149,20 @@ func makeGPUs(n int) []resourceapi.Device {
 		})
 	}
 	return out
+}
+
+// readDevices reads the devices to publish from a JSON list of resource.k8s.io/v1 Devices:
+// hack/bench_scale.py hands each instance the devices Tandem published for its node, so that the
+// two drivers offer the scheduler the same devices (attributes without a domain fall into this
+// driver's own).
+func readDevices(path string) ([]resourceapi.Device, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var devices []resourceapi.Device
+	if err := json.Unmarshal(raw, &devices); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return devices, nil
 }
