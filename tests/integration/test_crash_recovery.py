@@ -195,21 +195,33 @@ def test_a_corrupt_checkpoint_keeps_the_claims_pods_still_use(node, apiserver):
 def _hold_renames(root: Path) -> Path:
     """A `sitecustomize` that, once the file $TANDEM_TEST_HOLD exists, stops the thread renaming a
     temporary file onto a name starting with its content, after creating $TANDEM_TEST_HOLD.held:
-    the process is then killed there."""
+    the process is then killed there. Both ways a write ends are held: a rename (`os.replace`) and
+    the swap of names that replaces an existing file (`cdi.files._exchange`)."""
     (root / "sitecustomize.py").write_text(
         textwrap.dedent("""
         import os, threading
         _hold, _replace = os.environ.get("TANDEM_TEST_HOLD"), os.replace
 
-        def _holding_replace(src, dst, *args, **kwargs):
+        def _wait_if_held(src, dst):
             name = os.path.basename(os.fspath(dst))
             target = open(_hold).read() if _hold and os.path.exists(_hold) else ""
             if target and name.startswith(target) and os.fspath(src).endswith(".tmp"):
                 open(_hold + ".held", "w").close()
                 threading.Event().wait()
+
+        def _holding_replace(src, dst, *args, **kwargs):
+            _wait_if_held(src, dst)
             return _replace(src, dst, *args, **kwargs)
 
         os.replace = _holding_replace
+        import cdi.files
+        _exchange = cdi.files._exchange
+
+        def _holding_exchange(tmp, path):
+            _wait_if_held(tmp, path)
+            return _exchange(tmp, path)
+
+        cdi.files._exchange = _holding_exchange
     """)
     )
     return root
