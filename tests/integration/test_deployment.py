@@ -252,7 +252,9 @@ def _narrowed(rule: dict[str, Any], grant: ApiCall) -> dict[str, Any]:
 
 def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, start_daemon):
     node = sim_node()
-    daemon = start_daemon(node)
+    # With binding conditions (here on NICs; dynamic MIG turns them on too) the driver also lists
+    # and watches the pods nominated to its node: the scenario must cover every call it can make.
+    daemon = start_daemon(node, "--nic-binding-conditions")
     with KubeletSim(node.registry) as kubelet:
         _register(kubelet, registration_socket_path(node.registry, DRIVER))
         _wait_published(apiserver, node)

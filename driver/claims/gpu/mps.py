@@ -135,6 +135,9 @@ class MpsDaemons:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._children: dict[int, subprocess.Popen[bytes]] = {}  # daemons this process started, to reap
+        # Device -> the inode of the control socket its daemon bound, as first seen by this instance
+        # (`_control_kept`).
+        self._sockets: dict[str, int] = {}
 
     def pipe_dir(self, device: str) -> Path:
         return self.root / device / "pipe"
@@ -274,8 +277,15 @@ class MpsDaemons:
         }
 
     def _ensure(self, device: str, uuid: str) -> None:
-        if self._daemon(device) is not None:
+        process = self._daemon(device)
+        if process is not None and self._control_kept(device):
             return
+        if process is not None:
+            log.warning("the MPS control daemon of %s lost its control socket (another daemon bound it, or it "
+                        "was removed): no client reaches it; restarting it", device, extra={"device": device})  # fmt: skip
+            if not kill(process, _KILL_TIMEOUT):
+                raise MpsError(f"{device}: the MPS control daemon (PID {process.pid}) outlived SIGKILL")
+        self._sockets.pop(device, None)
         program = self._program()
         cgroup = self.cgroup(device)
         if cgroup is not None and not cgroup.kill_all(_KILL_TIMEOUT):  # what no record names: module docstring
@@ -313,6 +323,17 @@ class MpsDaemons:
             gate.kill()  # still the gate, never the daemon: nothing runs unrecorded
             raise MpsError(f"{device}: starting {CONTROL_PROGRAM} failed: {e}") from e
         self._wait_up(device, gate, output)
+        self._control_kept(device)  # the socket it bound, from now on
+
+    def _control_kept(self, device: str) -> bool:
+        """Whether the control socket is still the one the daemon bound. Another daemon binding the
+        same path (an older release's during an upgrade's overlap, which cannot see ours from its
+        own PID namespace) leaves ours running but unreachable: it must then be restarted."""
+        try:
+            found = os.lstat(self.pipe_dir(device) / CONTROL_SOCKET)
+        except OSError:
+            return False
+        return stat.S_ISSOCK(found.st_mode) and self._sockets.setdefault(device, found.st_ino) == found.st_ino
 
     def _escape(self, device: str, cgroup: Cgroup | None, pid: int) -> None:
         """The gate, and so the daemon it becomes and the servers that daemon starts, into the GPU's
@@ -385,6 +406,7 @@ class MpsDaemons:
     # --- stopping -----------------------------------------------------------------------------
 
     def _stop_daemon(self, device: str) -> None:
+        self._sockets.pop(device, None)
         process = self._daemon(device)
         if process is not None:
             log.info("stopping the MPS control daemon of %s: no claim uses it", device, extra={"device": device})
