@@ -123,23 +123,41 @@ build_base_image() {
     --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' "$tar" "$BASE_IMAGE" >/dev/null
 }
 
-# build_tandem_image TAG: the project's Dockerfile, built with podman, as containerd's image TAG;
-# prints the path of the archive to import.
+# build_tandem_image TAG [COMMIT]: the project's Dockerfile, built with podman, as containerd's
+# image TAG; prints the path of the archive to import. Without COMMIT, from the checkout as it is;
+# with one, from that commit (an earlier release, for tests/cluster/test_upgrade.py), whose archive
+# is cached by commit and tag: a release's image never changes, so it is built once per machine.
 build_tandem_image() {
-  local tag="$1" out="$STATE/images" commit
+  local tag="$1" commit="${2:-}" out="$STATE/images" src="$repo" cached=""
+  # This runs as root in a checkout a user may own, which git refuses unless told the checkout is
+  # safe; a commit it cannot tell stays empty and the driver reports `unknown`.
+  local git=(git -c safe.directory="$repo" -C "$repo")
+  if [ -n "$commit" ]; then
+    commit="$("${git[@]}" rev-parse --verify "$commit^{commit}")" || die "no commit $2 in $repo"
+    cached="$CACHE_ROOT/tandem-images/$commit/$(echo "$tag" | tr '/:' '__').tar"
+    [ -f "$cached" ] && { echo "$cached"; return 0; }
+    src="$(mktemp -d)"
+    "${git[@]}" archive "$commit" | tar -x -C "$src"
+  else
+    # What the image is built from, for its labels and `tandem-driver --version` (no .git in it).
+    commit="$("${git[@]}" rev-parse HEAD 2>/dev/null)" || commit=""
+  fi
   build_base_image
   mkdir -p "$out"
-  # What the image is built from, for its labels and `tandem-driver --version` (the image has no
-  # .git). This runs as root in a checkout a user may own, which git refuses unless told the
-  # checkout is safe; a commit it cannot tell stays empty and the driver reports `unknown`.
-  commit="$(git -c safe.directory="$repo" -C "$repo" rev-parse HEAD 2>/dev/null)" || commit=""
   # The build's RUN steps fetch the locked wheels from PyPI: they trust this machine's CA bundle
   # (which may hold a proxy's CA), mounted for the build only, so nothing of it lands in the image.
   "${PODMAN[@]}" build -q --network host --volume /etc/ssl/certs:/etc/ssl/certs:ro -t "$tag" \
-    --build-arg TANDEM_COMMIT="$commit" --build-arg TANDEM_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$repo" \
+    --build-arg TANDEM_COMMIT="$commit" --build-arg TANDEM_CREATED="$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$src" \
     >"$out/build.log" 2>&1 ||
     { tail -n 30 "$out/build.log" >&2; die "podman build failed"; }
+  [ "$src" = "$repo" ] || rm -rf "$src"
   rm -f "$out/tandem.tar" # podman does not overwrite an archive
   "${PODMAN[@]}" save -q -o "$out/tandem.tar" "$tag" >/dev/null
-  echo "$out/tandem.tar"
+  if [ -n "$cached" ]; then
+    mkdir -p "$(dirname "$cached")"
+    mv "$out/tandem.tar" "$cached"
+    echo "$cached"
+  else
+    echo "$out/tandem.tar"
+  fi
 }

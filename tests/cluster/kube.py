@@ -267,4 +267,8 @@ def on_sim_node(ds: dict[str, Any], node_root: Path, env: dict[str, str] | None 
     container["env"] = list(variables.values())
     spec["volumes"].append({"name": "sim-node", "hostPath": {"path": str(node_root), "type": "Directory"}})
     container["volumeMounts"].append({"name": "sim-node", "mountPath": str(node_root)})
+    # The driver finds the node's cgroup hierarchies below SYSFS_ROOT (MPS daemons get cgroups of
+    # their own there, to outlive the container): the host's, where the DaemonSet mounts them.
+    for m in [m for m in container["volumeMounts"] if m["mountPath"] == "/sys/fs/cgroup"]:
+        container["volumeMounts"].append({**m, "mountPath": str(node_root / "sys" / "fs" / "cgroup")})
     return ds

@@ -18,6 +18,7 @@ from kube import (
     attribute,
     claim_template,
     example,
+    host_link,
     logs,
     pod,
     pod_phase,
@@ -141,11 +142,6 @@ def test_eight_pods_share_one_roce_nic_and_a_ninth_waits(cluster: Cluster, tande
     cluster.kubectl("delete", "pod", running[0], "-n", namespace, "--wait=true", "--timeout=60s")
     wait_for("the ninth pod Running once a share is free", lambda: pod_phase(cluster, namespace, waiting) == "Running",
              timeout=120)  # fmt: skip
-
-
-def host_link(name: str) -> dict[str, Any] | None:
-    proc = subprocess.run(["ip", "-j", "address", "show", "dev", name], capture_output=True, text=True)
-    return json.loads(proc.stdout)[0] if proc.returncode == 0 else None
 
 
 def test_exclusive_nic_moves_into_the_pod_with_its_settings_and_comes_back(cluster: Cluster, tandem,

@@ -250,3 +250,28 @@ def test_a_word_this_release_does_not_know_sets_the_file_aside_naming_the_field(
     [aside] = tmp_path.glob("checkpoint.json.corrupt-*")
     assert aside.read_text() == content
     assert f"{field} must be one of {members}, got {value!r}" in caplog.text
+
+
+def test_the_checkpoint_0_1_0_wrote_is_read_as_it_is_and_kept_on_rewrite(tmp_path: Path):
+    """What 0.1.0 (commit db9db60) wrote in the real cluster while pods held a whole GPU, a GPU+NIC
+    pair, an MPS share, a dynamic MIG partition and an exclusive NIC, captured by
+    tests/cluster/test_upgrade.py: the same format, so the upgraded driver reads every record as
+    it is (unprepare needs all of it) and rewrites none of them differently."""
+    original = json.loads((Path(__file__).parent / "checkpoint-0.1.0.json").read_text())
+    (tmp_path / "checkpoint.json").write_text(json.dumps(original))
+    cp = Checkpoint(tmp_path, original["bootID"])
+    claims = cp.read()
+    assert set(claims) == set(original["claims"]) and not cp.incomplete
+    assert {c.state for c in claims.values()} == {PrepareState.COMPLETED}
+    devices = [d for c in claims.values() for d in c.devices]
+    (mps,) = [d for d in devices if d.sharing is not None]
+    assert mps.sharing == Sharing.MPS and mps.share_id and mps.consumed == {"memory": "20Gi", "computePercent": "25"}
+    (mig,) = [d for d in devices if d.mig is not None]
+    assert mig.device.startswith("gpu-7-mig-1g-10gb-") and mig.mig.size == 1
+    (nic,) = [d for d in devices if d.exclusive]
+    assert nic.network_data is not None and nic.network_data["interfaceName"] == "net1"
+    assert sorted(len(c.devices) for c in claims.values()) == [1, 1, 1, 1, 2]  # the pair: a GPU and a NIC
+    with cp.transaction() as now:
+        now["u-new"] = _record("u-new")
+    rewritten = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert {uid: rewritten["claims"][uid] for uid in original["claims"]} == original["claims"]
