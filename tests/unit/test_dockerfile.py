@@ -345,7 +345,7 @@ def test_the_cluster_image_build_passes_the_commit_and_build_time() -> None:
     script = (REPO / "hack" / "cluster" / "build.sh").read_text()
     build = re.search(r'"\$\{PODMAN\[@\]\}" build (?:[^\n]*\\\n)*[^\n]*', script)
     assert build, "no podman build in hack/cluster/build.sh"
-    assert re.search(r'local git=\(git [^)]*\)', script), "git is run as one command, checkout marked safe"
+    assert re.search(r"local git=\(git [^)]*\)", script), "git is run as one command, checkout marked safe"
     assert re.search(r'commit="\$\("\$\{git\[@\]\}" rev-parse HEAD', script)
     assert f'--build-arg {COMMIT_ENV}="$commit"' in build.group()
     assert re.search(rf'--build-arg {CREATED_ENV}="\$\(date -u \+%Y-%m-%dT%H:%M:%SZ\)"', build.group())
