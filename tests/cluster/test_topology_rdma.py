@@ -232,5 +232,9 @@ def test_an_exclusive_nic_whose_link_just_went_down_is_not_bound_to(cluster: Clu
         assert home in event["message"] or nic["name"] in event["message"], event["message"]
         assert not cluster.get("pod", "unbound", namespace)["spec"].get("nodeName")
     finally:
+        # The pod goes first: once the link is up and the taint gone with the restart, it would be
+        # bound, and the NIC it moved would come home only when the namespace goes, perhaps under
+        # another test's driver.
+        cluster.kubectl("delete", "pod", "unbound", "-n", namespace, "--wait=true", "--timeout=60s", check=False)
         subprocess.run(["ip", "link", "set", "dev", home, "up"], check=True)
         tandem.ensure()

@@ -228,13 +228,18 @@ def drain(cluster: Cluster, tandem, namespace: str, nics: dict[str, list[str]]) 
     wait_for("every claim unprepared", lambda: not checkpoint_claims(), timeout=120)
     profile = sim_nvml.read_state(tandem.node.nvml_state)
     assert not profile.gpus[MIG].mig_devices, "the partition outlived its claim"
-    for home, addresses in nics.items():
-        wait_for(f"{home} home with {addresses}", lambda h=home, a=addresses: set(a) <= {
-            f"{x['local']}/{x['prefixlen']}" for x in (host_link(h) or {}).get("addr_info", [])}, timeout=90)  # fmt: skip
+    nics_home(nics, "after the drain")
     wait_for("the MPS daemon's directory gone", lambda: not (DATA_DIR / "mps" / f"gpu-{SHARED}").exists(), timeout=60)
     assert tandem.files() == []  # CDI specs
     metadata = DATA_DIR / "dra-device-metadata"
     assert not (metadata.is_dir() and list(metadata.iterdir()))
+
+
+def nics_home(nics: dict[str, list[str]], when: str) -> None:
+    """Every NIC on the host under its own name with its own addresses."""
+    for home, addresses in nics.items():
+        wait_for(f"{home} home with {addresses} {when}", lambda h=home, a=addresses: set(a) <= {
+            f"{x['local']}/{x['prefixlen']}" for x in (host_link(h) or {}).get("addr_info", [])}, timeout=90)  # fmt: skip
 
 
 def upgrade(cluster: Cluster, helm: str, node_root: Path) -> None:
@@ -260,6 +265,7 @@ def test_upgrade_from_0_1_0_under_running_pods_then_back_from_a_drained_node(
 ) -> None:
     node_root = previous
     nics = {n.ifname: n.ipv4 for n in sim_nvml.read_state(tandem.node.nvml_state).nics}
+    nics_home(nics, "before the test")  # what the drain checks holds before: no earlier test's NIC away
     run_pods(cluster, tandem, namespace)
     before = held(cluster, namespace, node_root)
     assert before["mps"]["mps"] and before["nic"]["net1"] == ["192.168.100.10"]
