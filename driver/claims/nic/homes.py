@@ -66,6 +66,21 @@ def _nested(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 UPGRADES: Mapping[int, Upgrade] = {0: _nested}
+_PCI = re.compile(r"[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+def _strays(path: Path) -> dict[str, Any]:
+    """Records 0.1.0 wrote beside `nics` in a versioned file. 0.1.0 reads this file as its own
+    format (the records at the top level) and writes it back so, beside the keys it took for
+    records: during an upgrade's overlap, or after a downgrade. They are home identities all the
+    same, and a NIC whose record was only there would come home without its addresses."""
+    try:
+        doc = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict) or "version" not in doc:
+        return {}
+    return {k: v for k, v in doc.items() if _PCI.fullmatch(k)}
 
 
 def parked_name(pci_address: str) -> str:
@@ -103,7 +118,7 @@ class NicHomes:
         nics: dict[str, Any] = read_json_state(
             self._path, "NIC homes", "nics", dict, version=FORMAT_VERSION, upgrades=UPGRADES
         )
-        return nics
+        return {**_strays(self._path), **nics}
 
     def _write(self, nics: Mapping[str, Any]) -> None:
         # Not fsynced: only a reboot loses what is not on disk, and after one no pod's namespace

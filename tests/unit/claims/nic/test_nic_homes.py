@@ -77,6 +77,21 @@ def test_a_remembered_nic_is_written_as_version_1_and_read_back(tmp_path: Path) 
     assert NicHomes(tmp_path).home_names() == {A: "ens1np0"}
 
 
+def test_records_0_1_0_wrote_beside_nics_are_read_and_given_back(tmp_path: Path, kernel: FakeKernel) -> None:
+    """0.1.0 reads a versioned file as its own format and writes it back with its records at the
+    top level, beside `version` and `nics` (an upgrade's overlap, a downgrade): those NICs must
+    still come home with their addresses."""
+    (tmp_path / FILE).write_text(json.dumps({
+        "version": 1, "nics": {},
+        A: {"ifname": "ens1np0", "mtu": 4200, "addresses": ["10.0.0.1/24"]},
+    }))  # fmt: skip
+    homes = NicHomes(tmp_path)
+    assert homes.home_names() == {A: "ens1np0"}
+    kernel.links["net1"] = LinkHome("net1")
+    assert homes.restore({A: "net1"}, held=())
+    assert kernel.links == {"ens1np0": LinkHome("ens1np0", 4200, "", ("10.0.0.1/24",))}
+
+
 def test_a_file_of_the_first_format_is_read_and_given_back(tmp_path: Path, kernel: FakeKernel) -> None:
     """Written before formats had versions: the PCI -> record object alone, without a MAC."""
     (tmp_path / FILE).write_text(json.dumps({A: {"ifname": "ens1np0", "mtu": 4200, "addresses": ["10.0.0.1/24"]}}))
