@@ -22,7 +22,7 @@ from typing import Any
 
 from driver.claims.allocation import PrepareSettings
 from driver.claims.binding import SOURCE as BINDING_SOURCE
-from driver.claims.binding import PreBinder, with_binding_conditions
+from driver.claims.binding import PreBinder, PublishedDevices
 from driver.claims.binding_pods import NominatedPods
 from driver.claims.checkpoint import Checkpoint, DeviceRecord, InstanceLock
 from driver.claims.files import ClaimFiles
@@ -157,8 +157,8 @@ class Daemon:
             api=self.api,
             driver_name=config.driver_name,
             node_name=config.node_name,
-            get_devices=lambda: with_binding_conditions(
-                self.inventory.devices(), config.driver_name, config.mig_binding_conditions and self.binding is not None,
+            get_devices=PublishedDevices(
+                self.inventory.devices, config.driver_name, config.mig_binding_conditions and self.binding is not None,
                 config.nic_binding_conditions,
             ),
         )  # fmt: skip

@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench_cluster import _cluster_env, _delete_and_wait, _one_pod_start
+from bench_cluster import _cluster_env, _delete_and_wait, _one_pod_start, _pod
 
 from demo.cluster_node import ClusterNode
 from sim import nvml as sim_nvml
@@ -42,18 +42,6 @@ def _template(name: str) -> dict[str, Any]:
     }
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": name},
             "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
-
-
-def _pod(name: str, image: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never", "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "mig", "resourceClaimTemplateName": "mig-1g"}],
-            "containers": [{"name": "main", "image": image, "command": ["sleep", "3600"],
-                            "resources": {"claims": [{"name": "mig"}]}}],
-        },
-    }  # fmt: skip
 
 
 def _set_gpus(state: Any, mig: bool, failing: int | None) -> None:
@@ -115,7 +103,7 @@ def bench_binding(pods: int = 20, failovers: int = 5) -> dict[str, Any]:
         times = []
         for i in range(count):
             name = f"p{i}-{uuid.uuid4().hex[:4]}"
-            times.append(_one_pod_start(core, watch, namespace, _pod(name, env["TANDEM_TEST_IMAGE"])))
+            times.append(_one_pod_start(core, watch, namespace, _pod(name, "mig-1g", env["TANDEM_TEST_IMAGE"])))
             _delete_and_wait(core, watch, namespace, name)
         return times
 

@@ -99,6 +99,24 @@ def with_binding_conditions(devices: Sequence[Device], driver_name: str, mig: bo
     return out
 
 
+class PublishedDevices:
+    """`with_binding_conditions` over `devices()`, for the slice publisher: while the inventory
+    hands out the same device objects, the same marked copies come back, so the publisher's
+    check that nothing changed stays a comparison by identity, not by value of every device."""
+
+    def __init__(self, devices: Callable[[], list[Device]], driver_name: str, mig: bool, nic: bool) -> None:
+        self._devices = devices
+        self._args = (driver_name, mig, nic)
+        self._seen: list[Device] = []
+        self._marked: list[Device] = []
+
+    def __call__(self) -> list[Device]:
+        current = self._devices()
+        if len(current) != len(self._seen) or any(a is not b for a, b in zip(current, self._seen, strict=True)):
+            self._seen, self._marked = current, with_binding_conditions(current, *self._args)
+        return list(self._marked)
+
+
 @dataclass
 class _Wanted:
     """A claim of a nominated pod: read again at `next_look` until allocated, or until `until`."""

@@ -4,7 +4,7 @@ own namespace)."""
 
 from __future__ import annotations
 
-from driver.claims.binding import ConditionTypes, with_binding_conditions
+from driver.claims.binding import ConditionTypes, PublishedDevices, with_binding_conditions
 from driver.claims.binding_pods import claim_names
 from driver.model import Device, DeviceKind, GpuInfo, MigPlacement, NicInfo
 
@@ -65,3 +65,16 @@ def test_a_hostile_pod_shape_names_nothing_rather_than_failing() -> None:
     ]
     for pod in pods[:2] + pods[3:]:
         assert claim_names(pod) == []
+
+
+def test_the_publisher_gets_the_same_marked_devices_while_the_inventory_is_unchanged() -> None:
+    """The publisher tells "nothing changed" by identity: unchanged inventory devices must come
+    back as the very same marked copies, and a changed one as a new copy."""
+    inventory = [PARTITION, PLAIN_GPU]
+    published = PublishedDevices(lambda: list(inventory), "x.dev", mig=True, nic=False)
+    first, again = published(), published()
+    assert all(a is b for a, b in zip(first, again, strict=True))
+    assert first[0].binding_conditions == ("x.dev/partition-ready",) and first[1] is PLAIN_GPU
+    inventory[1] = Device("gpu-1", DeviceKind.GPU, gpu=GpuInfo(1, "GPU-b", "0000:02:00.0"), health_message="x")
+    changed = published()
+    assert changed[1] is inventory[1] and changed[0].binding_conditions == ("x.dev/partition-ready",)
