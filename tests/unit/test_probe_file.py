@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import yaml
 
-from driver.kubelet.liveness import MAX_PROBE_REASON, PROBE_VALID, NotAlive, ProbeFile, probe_path
+from driver.kubelet.liveness import (
+    MAX_PROBE_REASON,
+    PROBE_PERIOD,
+    PROBE_VALID,
+    SELF_CHECK_PERIOD,
+    NotAlive,
+    ProbeFile,
+    probe_path,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_800_000_000.0
@@ -131,3 +139,37 @@ def test_a_check_that_breaks_is_dead_and_logged(data_dir: Path, caplog: pytest.L
     with caplog.at_level(logging.ERROR):
         line = _file(data_dir, _alive, broken).refresh()
     assert line.split(" ", 2)[1] == "dead" and "check of itself failed" in caplog.text
+
+
+def test_a_passing_self_check_runs_once_a_period_and_a_failing_one_at_every_refresh(data_dir: Path) -> None:
+    """The self-check dials both sockets (about 9 ms of CPU), so while it passes it runs once per
+    SELF_CHECK_PERIOD; the refreshes between keep its verdict. Once it fails it runs at every
+    refresh, so the file says `alive` again as soon as the daemon is."""
+    now = [NOW]
+    failing = [False]
+    checks: list[float] = []
+
+    def alive() -> None:
+        checks.append(now[0])
+        if failing[0]:
+            _dead()
+
+    probe = ProbeFile(probe_path(data_dir, "pod-1"), alive, _health(True), clock=lambda: now[0])
+    for _ in range(7):  # 60 s of refreshes every PROBE_PERIOD
+        assert probe.refresh().split()[1] == "ready"
+        now[0] += PROBE_PERIOD
+    assert checks == [NOW, NOW + SELF_CHECK_PERIOD, NOW + 2 * SELF_CHECK_PERIOD]
+    failing[0] = True  # just after a check passed: the file says so until the next check is due
+    verdicts = []
+    for _ in range(4):
+        verdicts.append(probe.refresh().split()[1])
+        now[0] += PROBE_PERIOD
+    assert verdicts == ["ready", "ready", "dead", "dead"]
+    checks.clear()
+    for _ in range(2):
+        now[0] += PROBE_PERIOD
+        assert probe.refresh().split()[1] == "dead"
+    failing[0] = False
+    now[0] += PROBE_PERIOD
+    assert probe.refresh().split()[1] == "ready"
+    assert len(checks) == 3  # every refresh while dead, and the one that found it alive again
