@@ -6,13 +6,17 @@
 # open; its containerd, kubelet, kube-proxy, NIC hardware and Tandem all run in both. In its mount
 # namespace the standard node directories (/var/lib/kubelet, /var/run/cdi, ...) are bind mounts of
 # its own directories under $STATE/nodes/<name>/root, so each kubelet, plugin registry, CDI
-# directory and Tandem data directory is its node's alone, at the path daemonset.yaml mounts. Its
+# directory and Tandem data directory is its node's alone, at the path daemonset.yaml mounts; and
+# its simulated hardware is also at node 1's path, so a DaemonSet finds each node's own there. Its
 # network namespace has its own address on the bridge tandem-nodes, its own pod bridge and range,
 # iptables and NIC netdevs (the same names on every node, as on real ones). Every node has its own
 # kubelet credentials (system:node:<name>) and Tandem its own token bound to its own Node.
 # shellcheck shell=bash
 
 NODES_BRIDGE=tandem-nodes
+# Node 1's simulated hardware. In node I's mount namespace this path is its own (node_namespaces_up),
+# so one DaemonSet's pod template finds each node's hardware at the same path.
+HARDWARE_PATH="$STATE/node"
 NODES_GATEWAY=10.250.0.1 # the machine's end of the bridge, in 10.250.0.0/24; node I is 10.250.0.(10+I)
 
 # use_node I: the settings of node I (none change for node 1). Run it in a subshell: it points
@@ -79,6 +83,10 @@ node_namespaces_up() {
     mkdir -p "$dir" "$STATE/root$dir"
     "${IN_NODE[@]}" mount --bind "$STATE/root$dir" "$dir"
   done
+  # The node's hardware at node 1's path too. Nothing on the node names that path but a pod (the
+  # node's own processes use $STATE/node); neither directory is ever removed while the node lives.
+  mkdir -p "$HARDWARE_PATH" "$STATE/node"
+  "${IN_NODE[@]}" mount --bind "$STATE/node" "$HARDWARE_PATH"
   # As on the machine (host_mounts_shared): pods mount with HostToContainer propagation.
   "${IN_NODE[@]}" mount --make-rshared /
   node_network_up

@@ -272,3 +272,23 @@ def on_sim_node(ds: dict[str, Any], node_root: Path, env: dict[str, str] | None 
     for m in [m for m in container["volumeMounts"] if m["mountPath"] == "/sys/fs/cgroup"]:
         container["volumeMounts"].append({**m, "mountPath": str(node_root / "sys" / "fs" / "cgroup")})
     return ds
+
+
+DRIVER_NAMESPACE = "tandem-system"  # daemonset.yaml's
+
+
+def daemonset(node_root: Path, image: str) -> dict[str, Any]:
+    """The DaemonSet of daemonset.yaml, pointed at the simulated node's hardware, with `image`."""
+    docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
+    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    ds["spec"]["template"]["spec"]["containers"][0]["image"] = image
+    return on_sim_node(ds, node_root)
+
+
+def driver_pods(cluster: Cluster) -> list[dict[str, Any]]:
+    """The driver pods of daemonset.yaml's namespace that are not being deleted."""
+    return [p for p in cluster.get("pods", namespace=DRIVER_NAMESPACE) if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(p: dict[str, Any]) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])

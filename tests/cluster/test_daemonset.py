@@ -15,11 +15,14 @@ import pytest
 import yaml
 from kube import (
     DRIVER_IMAGES,
+    DRIVER_NAMESPACE,
     REPO,
     Cluster,
     claim_template,
-    on_sim_node,
+    daemonset,
+    driver_pods,
     pod,
+    ready,
     report_script,
     request,
     wait_for,
@@ -27,24 +30,7 @@ from kube import (
     wait_report,
 )
 
-NAMESPACE = "tandem-system"
 SELECTOR = "app.kubernetes.io/name=tandem"
-
-
-def daemonset(node_root: Path, image: str) -> dict[str, Any]:
-    """The DaemonSet of daemonset.yaml, pointed at the simulated node's hardware, with `image`."""
-    docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
-    (ds,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    ds["spec"]["template"]["spec"]["containers"][0]["image"] = image
-    return on_sim_node(ds, node_root)
-
-
-def driver_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    return [p for p in cluster.get("pods", namespace=NAMESPACE) if not p["metadata"].get("deletionTimestamp")]
-
-
-def ready(p: dict[str, Any]) -> bool:
-    return any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions") or [])
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +50,8 @@ def deployed(cluster: Cluster, tandem) -> Iterator[dict[str, Any]]:
         wait_for("the driver pod Ready", lambda: [p for p in driver_pods(cluster) if ready(p)], timeout=180)
         yield ds
     finally:
-        cluster.kubectl("delete", "daemonset", "tandem-driver", "-n", NAMESPACE, "--wait=true", "--timeout=120s")
-        wait_for("the driver pods gone", lambda: not cluster.get("pods", namespace=NAMESPACE), timeout=120)
+        cluster.kubectl("delete", "daemonset", "tandem-driver", "-n", DRIVER_NAMESPACE, "--wait=true", "--timeout=120s")
+        wait_for("the driver pods gone", lambda: not cluster.get("pods", namespace=DRIVER_NAMESPACE), timeout=120)
         tandem.restart(*tandem.flags)
 
 
@@ -79,7 +65,7 @@ def test_daemonset_pod_is_ready_and_serves_claims(cluster: Cluster, deployed, na
     )
     assert len(wait_report(cluster, namespace, "user").split()) == 1
     (driver,) = driver_pods(cluster)
-    log = cluster.kubectl("logs", "-n", NAMESPACE, driver["metadata"]["name"])
+    log = cluster.kubectl("logs", "-n", DRIVER_NAMESPACE, driver["metadata"]["name"])
     claim = cluster.get("pod", "user", namespace)["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     assert claim in log and "prepared 1 device" in log
 
@@ -113,8 +99,8 @@ def test_rolling_update_while_pods_come_and_go(cluster: Cluster, deployed, names
     worker.start()
     try:
         wait_for("a first pod during the rollout", lambda: len(started) >= 1)
-        cluster.kubectl("set", "image", "-n", NAMESPACE, "daemonset/tandem-driver", f"driver={DRIVER_IMAGES[1]}")
-        cluster.kubectl("rollout", "status", "-n", NAMESPACE, "daemonset/tandem-driver", "--timeout=240s",
+        cluster.kubectl("set", "image", "-n", DRIVER_NAMESPACE, "daemonset/tandem-driver", f"driver={DRIVER_IMAGES[1]}")
+        cluster.kubectl("rollout", "status", "-n", DRIVER_NAMESPACE, "daemonset/tandem-driver", "--timeout=240s",
                         timeout=300)  # fmt: skip
         wait_for("the old driver pod gone", lambda: old["metadata"]["uid"] not in
                  {p["metadata"]["uid"] for p in driver_pods(cluster)}, timeout=120)  # fmt: skip

@@ -29,9 +29,11 @@ import pytest
 import yaml
 from kube import (
     DRIVER_IMAGES,
+    DRIVER_NAMESPACE,
     REPO,
     Cluster,
     claim_template,
+    driver_pods,
     host_link,
     on_sim_node,
     pod,
@@ -45,7 +47,6 @@ from sim import nvml as sim_nvml
 
 PREVIOUS = "db9db60"  # 0.1.0, CHANGELOG.md
 PREVIOUS_IMAGE = "localhost/tandem-driver:0.1.0"
-NAMESPACE = "tandem-system"
 RELEASE = "tandem"
 CHART = REPO / "deployments" / "helm" / "tandem"
 DATA_DIR = Path("/var/lib/kubelet/plugins/tandem.dev")
@@ -70,13 +71,9 @@ def previous_manifest(node_root: Path) -> list[dict[str, Any]]:
     return docs
 
 
-def driver_pods(cluster: Cluster) -> list[dict[str, Any]]:
-    return [p for p in cluster.get("pods", namespace=NAMESPACE) if not p["metadata"].get("deletionTimestamp")]
-
-
 def running_image(cluster: Cluster) -> str | None:
     """The image of the one driver pod, once it alone runs and is Ready; None while a rollout goes on."""
-    pods = cluster.get("pods", namespace=NAMESPACE)
+    pods = cluster.get("pods", namespace=DRIVER_NAMESPACE)
     if len(pods) != 1:
         return None
     (p,) = pods
@@ -115,10 +112,10 @@ def previous(cluster: Cluster, tandem, helm: str) -> Iterator[Path]:
                  f"gpu-{SHARED}", {}).get("allowMultipleAllocations") and any(n.startswith(f"gpu-{MIG}-mig-") for n in d))  # fmt: skip
         yield node_root
     finally:
-        cluster.kubectl("delete", "daemonset", "tandem-driver", "-n", NAMESPACE, "--ignore-not-found",
+        cluster.kubectl("delete", "daemonset", "tandem-driver", "-n", DRIVER_NAMESPACE, "--ignore-not-found",
                         "--wait=true", "--timeout=120s", timeout=150)  # fmt: skip
-        wait_for("the driver pods gone", lambda: not cluster.get("pods", namespace=NAMESPACE), timeout=120)
-        cluster.kubectl("delete", "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")
+        wait_for("the driver pods gone", lambda: not cluster.get("pods", namespace=DRIVER_NAMESPACE), timeout=120)
+        cluster.kubectl("delete", "secrets", "-n", DRIVER_NAMESPACE, "-l", f"owner=helm,name={RELEASE}")
         current = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
         cluster.apply(d for d in current if d["kind"] != "DaemonSet")
         try:
@@ -206,7 +203,7 @@ def held(cluster: Cluster, namespace: str, node_root: Path) -> dict[str, Any]:
 def mps_log(cluster: Cluster) -> str:
     """What the running driver logged about MPS daemons: why a daemon was started, adopted or not."""
     (driver,) = driver_pods(cluster)
-    log = cluster.kubectl("logs", "-n", NAMESPACE, driver["metadata"]["name"])
+    log = cluster.kubectl("logs", "-n", DRIVER_NAMESPACE, driver["metadata"]["name"])
     return "\n".join(line for line in log.splitlines() if "MPS" in line)[-4000:]
 
 
@@ -251,7 +248,7 @@ def upgrade(cluster: Cluster, helm: str, node_root: Path) -> None:
     # The post-renderer imports tests/cluster/kube.py, which imports sim/ and tests/waiting.py.
     path = ":".join(str(p) for p in (REPO, REPO / "tests", REPO / "tests" / "cluster"))
     done = subprocess.run(
-        [helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--take-ownership",
+        [helm, "upgrade", "--install", RELEASE, str(CHART), "--namespace", DRIVER_NAMESPACE, "--take-ownership",
          *[a for v in values for a in ("--set", v)], "--post-renderer", sys.executable,
          *[a for arg in (renderer, node_root, "NIC_LINK_SOURCE=netlink") for a in ("--post-renderer-args", str(arg))],
          "--wait", "--timeout", "240s"],
@@ -289,12 +286,14 @@ def test_upgrade_from_0_1_0_under_running_pods_then_back_from_a_drained_node(
     assert after == before  # the same processes, device nodes, netdev and MIG instance
     assert host_link(home) is None
     (driver,) = driver_pods(cluster)
-    out = cluster.kubectl("exec", "-n", NAMESPACE, driver["metadata"]["name"], "--", "tandemctl", "claims", "--json")
+    out = cluster.kubectl(
+        "exec", "-n", DRIVER_NAMESPACE, driver["metadata"]["name"], "--", "tandemctl", "claims", "--json"
+    )
     assert {c["uid"] for c in json.loads(out)["claims"]} == prepared  # 0.1.0's checkpoint, read
 
     # From now on a restart of the driver's container keeps the daemon (hostPID, its own cgroup).
     settled = held(cluster, namespace, node_root)
-    cluster.kubectl("rollout", "restart", "-n", NAMESPACE, "daemonset/tandem-driver")
+    cluster.kubectl("rollout", "restart", "-n", DRIVER_NAMESPACE, "daemonset/tandem-driver")
     wait_for("the restarted driver alone and Ready", lambda: running_image(cluster) == DRIVER_IMAGES[0] and
              driver_pods(cluster)[0]["metadata"]["uid"] != driver["metadata"]["uid"], timeout=240)  # fmt: skip
     assert held(cluster, namespace, node_root) == settled, mps_log(cluster)
@@ -305,7 +304,7 @@ def test_upgrade_from_0_1_0_under_running_pods_then_back_from_a_drained_node(
 
     # Back to 0.1.0 from the drained node (docs/deployment.md, 'Downgrade'): Helm forgets the
     # release, 0.1.0's manifest replaces the objects, and the claim policy 0.1.0 lacked goes.
-    cluster.kubectl("delete", "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}")
+    cluster.kubectl("delete", "secrets", "-n", DRIVER_NAMESPACE, "-l", f"owner=helm,name={RELEASE}")
     cluster.kubectl("replace", "-f", "-", stdin=yaml.safe_dump_all(previous_manifest(node_root)))
     for kind in ("validatingadmissionpolicybinding", "validatingadmissionpolicy"):
         cluster.kubectl("delete", kind, "tandem-opaque-config")

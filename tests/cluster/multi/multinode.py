@@ -98,3 +98,12 @@ def kubectl_as(cluster: Cluster, kubeconfig: Path, *args: str, body: dict[str, A
 def versions(slices: list[dict[str, Any]]) -> dict[str, str]:
     """Each slice's resourceVersion by name: equal before and after means nobody wrote it."""
     return {s["metadata"]["name"]: s["metadata"]["resourceVersion"] for s in slices}
+
+
+def containers(cluster: Cluster, namespace: str, name: str) -> list[tuple[Any, ...]]:
+    """What changes if a pod's container is restarted or replaced: its id, start, restart count."""
+    p = cluster.get("pod", name, namespace)
+    return [
+        (p["metadata"]["uid"], c["containerID"], c["state"].get("running", {}).get("startedAt"), c["restartCount"])
+        for c in p["status"]["containerStatuses"]
+    ]

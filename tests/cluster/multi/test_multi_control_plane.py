@@ -9,25 +9,15 @@ from __future__ import annotations
 
 import calendar
 import time
-from typing import Any
 
 from kube import Cluster, claim_template, pod, report_script, request, wait_for, wait_pod
-from multinode import Node, versions
+from multinode import Node, containers, versions
 
 
 def published_at(node: Node) -> float:
     """When the node's Tandem last confirmed its slices, as Unix time (0 before the first time)."""
     stamp = node.publisher().get("publishedAt")
     return float(calendar.timegm(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ"))) if stamp else 0.0
-
-
-def containers(cluster: Cluster, namespace: str, name: str) -> list[tuple[Any, ...]]:
-    """What changes if a pod's container is restarted or replaced: its id, start, restart count."""
-    p = cluster.get("pod", name, namespace)
-    return [
-        (p["metadata"]["uid"], c["containerID"], c["state"].get("running", {}).get("startedAt"), c["restartCount"])
-        for c in p["status"]["containerStatuses"]
-    ]
 
 
 def test_a_restarted_control_plane_makes_no_node_republish_and_leaves_pods_running(
