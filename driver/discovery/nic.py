@@ -1,4 +1,4 @@
-"""RDMA NIC discovery: netlink (pyroute2) for netdevs and addresses, sysfs for PCI and RDMA identity.
+"""RDMA NIC discovery: netlink for netdevs and addresses, sysfs for PCI and RDMA identity.
 
 One pass of `NicDiscovery.discover` runs the three steps: `nic_scan` lists the netdevs and groups
 them by PCI function, `nic_device` turns each function into a published device, and `link_hold`

@@ -13,6 +13,7 @@ import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -598,40 +599,24 @@ def test_the_watcher_outlives_a_failing_step(events: socket.socket, caplog) -> N
     assert "NIC watcher failed; rescanning" in caplog.text
 
 
-class _Msg(dict):
-    """A pyroute2 message stand-in: `get` with nested tuple keys."""
+class _FakeRouteSocket(netlink.RouteSocket):
+    """A RouteSocket whose dumps answer with the messages given: every link's addresses whatever the
+    ifindex asked for, like a kernel that ignores the dump filter, and every family's routes."""
 
-    def get(self, key, default=None):
-        if isinstance(key, tuple):
-            value = self
-            for k in key:
-                value = dict.get(value, k) if isinstance(value, dict) else None
-            return default if value is None else value
-        return dict.get(self, key, default)
+    def __init__(self, addrs: list[rtnl.Address], routes: list[rtnl.Route]) -> None:
+        self.sock = SimpleNamespace(close=lambda: None)
+        self.answers = {rtnl.RTM_GETADDR: addrs, rtnl.RTM_GETROUTE: routes}
 
-
-class _FakeIPRoute:
-    def __init__(self, addrs: list[dict], routes: list[dict]) -> None:
-        self.addrs = [_Msg(m) for m in addrs]
-        self.routes = [_Msg(m) for m in routes]
-
-    def addr(self, cmd: str, index: int | None = None) -> list[_Msg]:
-        return list(self.addrs)  # unfiltered, like a kernel that ignores the dump filter
-
-    def route(self, cmd: str, family: int) -> list[_Msg]:
-        return [r for r in self.routes if r["family"] == family]
-
-    def close(self) -> None:
-        pass
+    def _dump(self, request_type, request, answer, decode):
+        return list(self.answers[request_type])
 
 
 def _l(index: int, name: str, kind: str = "", master: int = 0, lower: int = 0) -> rtnl.Link:
     return rtnl.Link(index, name, "aa:00:00:00:00:01", 1500, "up", kind, master, lower, loopback=False)
 
 
-def _default(family: int, metric: int, oif: int = 0, multipath: tuple[int, ...] = ()) -> dict:
-    return dict(family=family, dst_len=0, table=254, type=1, priority=metric, oif=oif or None,
-                multipath=[{"oif": i} for i in multipath] or None)  # fmt: skip
+def _default(family: int, metric: int, oif: int = 0, multipath: tuple[int, ...] = ()) -> rtnl.Route:
+    return rtnl.Route(family, dst_len=0, table=254, type=1, priority=metric, oif=oif, nexthops=multipath)
 
 
 def test_netlink_uplinks_follow_routes_stacked_links_and_masters(monkeypatch) -> None:
@@ -646,21 +631,21 @@ def test_netlink_uplinks_follow_routes_stacked_links_and_masters(monkeypatch) ->
         _l(10, "veth0", kind="veth", lower=11),
         _l(11, "veth0p", kind="veth", lower=10),
     ]
-    fake = _FakeIPRoute(
+    fake = _FakeRouteSocket(
         addrs=[
-            dict(index=2, family=v4, prefixlen=24, scope=0, local="10.0.0.2", address="10.0.0.2"),
-            dict(index=2, family=v6, prefixlen=64, scope=253, address="fe80::1"),
-            dict(index=5, family=v4, prefixlen=24, scope=0, local="10.5.0.2", address="10.5.0.2"),
+            rtnl.Address(2, v4, prefixlen=24, scope=0, address="10.0.0.2"),
+            rtnl.Address(2, v6, prefixlen=64, scope=253, address="fe80::1"),
+            rtnl.Address(5, v4, prefixlen=24, scope=0, address="10.5.0.2"),
         ],
         routes=[
             _default(v4, 100, oif=3),  # over a VLAN: eth0 below it carries it
             _default(v4, 100, oif=10),  # an equal-metric tie
             _default(v4, 200, oif=9),  # a backup route: not the uplink
             _default(v6, 0, multipath=(4, 5)),  # through a bond and eth5
-            dict(family=v4, dst_len=24, table=254, type=1, oif=11),  # not a default route
+            rtnl.Route(v4, dst_len=24, table=254, type=1, priority=0, oif=11),  # not a default route
         ],
     )
-    monkeypatch.setattr(netlink, "IPRoute", lambda **kw: fake)
+    monkeypatch.setattr(netlink, "RouteSocket", lambda netns=None: fake)
     chosen = [x for x in links if x.name in ("eth0", "eth5", "eth6", "eth9", "veth0p")]
     snap = netlink.read_links(chosen, {x.index: x for x in links})
     assert set(snap.links) == {"eth0", "eth5", "eth6", "eth9", "veth0p"}
