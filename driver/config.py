@@ -136,7 +136,9 @@ class Config:
     pod_uid: str = ""
     device_kinds: frozenset[DeviceKind] = field(default_factory=lambda: frozenset({DeviceKind.GPU, DeviceKind.NIC}))
     list_attributes: bool = False
-    rediscover_period: float = 60.0
+    # Link, address and default-route changes and Tandem's own MIG changes are events; the period
+    # is for what no event reports (hot-plug, driver reload, nvidia-smi). Idle cost: docs/architecture.md.
+    rediscover_period: float = 300.0
     metrics_address: str = ""
     # Where NIC link facts come from: netlink (real nodes) or sysfs alone (the simulated node,
     # whose NICs exist only as sysfs trees and have no netdevs the kernel knows).

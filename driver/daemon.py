@@ -273,9 +273,10 @@ class Daemon:
                 wake_at=lambda: nics.pending_until,
             )
             sources.append(loop)
-            # Link and address events that may concern a NIC rediscover within a second,
-            # coalesced; the loop's period catches anything netlink did not say (so the watcher
-            # keeps no timer of its own: it would only add a rediscovery per period).
+            # Link and address events that may concern a NIC, and default-route changes,
+            # rediscover within a second, coalesced; the loop's period catches anything netlink
+            # did not say (so the watcher keeps no timer of its own: it would only add a
+            # rediscovery per period).
             self._nic_watcher = NicWatcher(
                 loop.trigger,
                 netns=cfg.netns or None,

@@ -201,9 +201,10 @@ def add_run_flags(p: Parser) -> None:
         p,
         "--rediscover-period",
         env="REDISCOVER_PERIOD",
-        default="60",
+        default="300",
         convert=number,
-        help="seconds between full rediscoveries",
+        help="seconds between full rediscoveries, for what no event reports (a GPU hot-plug or driver reload, "
+        "an administrator's MIG change with nvidia-smi, a NIC change only sysfs shows); SIGHUP rediscovers at once",
     )
     _flag(p, "--metrics-address", env="METRICS_ADDRESS", default="", help="HOST:PORT for Prometheus metrics")
     _flag(

@@ -1,4 +1,4 @@
-"""The thread that turns netlink link and address events into NIC rediscoveries.
+"""The thread that turns netlink link, address and default-route events into NIC rediscoveries.
 
 Netlink says *that* something changed, not what a NIC now looks like: the watcher only wakes the
 NIC refresh loop, coalesced, and rediscovery reads the facts afresh. It also counts link messages
@@ -14,6 +14,16 @@ announces itself only when it appears); what the watcher still cannot judge (an 
 of a link it has no verdict for) counts, so nothing is missed. Both per-link tables shrink when a
 link leaves, and are bounded by `MAX_TRACKED_LINKS` besides; after the kernel dropped events, or
 at that bound, they are judged afresh from a new dump.
+
+Route messages count for the default route alone: discovery leaves out the NICs that carry it (the
+uplinks: moving one into a pod would cut the node off), so a NIC that just became one must stop
+being offered at once, not at the next periodic rediscovery. The CNI adds and deletes a route per
+pod as well, so every route message but a new or deleted default route (dst_len 0) of the main
+table is dropped at its fixed header (`rtnl.peek_route`), before any attribute is read; the route's
+link is not judged, since a default route over a bond or VLAN decides about the NICs beneath it.
+Every way a default route appears is reported. IPv4 removes the routes of a link that goes down
+without a message: that link's own message is the event when it may be a NIC, and the NICs beneath
+a bond or VLAN that went down stay left out until the next rediscovery (the safe side).
 """
 
 from __future__ import annotations
@@ -38,14 +48,14 @@ DEFAULT_BACKOFF = Backoff(initial=1.0, maximum=30.0)  # between failed steps of 
 
 
 class NicWatcher:
-    """A thread that turns netlink link/address events into calls of `callback`.
+    """A thread that turns netlink link, address and default-route events into calls of `callback`.
 
     Bursts are coalesced: the callback runs once the events have been quiet for `quiet` seconds,
     but never later than `max_delay` after the first event of the burst. Every `resync_period`
     seconds without a callback it runs anyway, to catch what netlink did not say (sysfs-only
-    changes, a dropped event, a default-route change: route events are not subscribed to); None
-    when the callback's owner rescans periodically itself (the daemon's NIC refresh loop does:
-    a second timer would only add a rediscovery, and an idle wakeup, per period).
+    changes, a dropped event); None when the callback's owner rescans periodically itself (the
+    daemon's NIC refresh loop does: a second timer would only add a rediscovery, and an idle
+    wakeup, per period).
     `trigger()` asks for a rescan as if an event had arrived. With `netlink=False` (the simulated
     node) only `trigger()` and the resync call it. `may_be_nic` judges a link message (see the
     module docstring); by default every link may be one. `is_nic` says which ifindexes the last
@@ -76,7 +86,7 @@ class NicWatcher:
         self.is_nic = is_nic
         self.backoff = backoff
         self.events = 0  # netlink messages received
-        self.ignored = 0  # of those, messages about links that are no NIC
+        self.ignored = 0  # of those, messages of links that are no NIC and of routes but the default
         self._nic_links: dict[int, tuple[bool, str]] = {}  # ifindex -> (may be a NIC, name)
         self._link_events: dict[str, int] = {}  # link messages per name of a link that may be a NIC
         self.callbacks = 0
@@ -203,6 +213,9 @@ class NicWatcher:
 
     def _matters(self, kind: int, data: bytes, start: int, end: int) -> bool:
         """Whether one message may concern a NIC; keeps the per-link verdicts and counts."""
+        if kind in (rtnl.RTM_NEWROUTE, rtnl.RTM_DELROUTE):  # the default route's alone (module docstring)
+            route = rtnl.peek_route(data, start, end)
+            return route is None or route == (0, netlink.RT_TABLE_MAIN)  # too short to judge: counts
         if kind in (rtnl.RTM_NEWADDR, rtnl.RTM_DELADDR):  # its link's verdict; no verdict counts
             index = rtnl.address_index(data, start, end)
             return index is None or self._nic_links.get(index, (True, ""))[0] or self.is_nic(index)

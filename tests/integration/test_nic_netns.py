@@ -256,6 +256,36 @@ def test_watcher_coalesces_a_burst_of_address_changes(netns: str, watcher) -> No
     assert len(calls) - before_calls <= 5
 
 
+def test_watcher_calls_back_on_default_route_changes_only(netns: str, watcher) -> None:
+    """Discovery leaves out the NICs that carry the default route, so a default route of the main
+    table coming or going is an event; the routes a CNI adds per pod, and a default route of another
+    table, are dropped."""
+    w, calls = watcher
+    ip(netns, "link", "add", "rt0", "type", "veth", "peer", "name", "rt0p")
+    ip(netns, "link", "set", "rt0", "up")  # its peer stays down: no carrier, no address arriving late
+    ip(netns, "addr", "add", "192.0.2.2/24", "dev", "rt0")
+    ip(netns, "-6", "addr", "add", "2001:db8::2/64", "dev", "rt0", "nodad")
+    wait_for(lambda: len(calls) >= 1 and w.idle, what="callback after the link and its addresses")
+    calls_before, events_before, ignored_before = len(calls), w.events, w.ignored
+    ip(netns, "route", "add", "10.244.1.7/32", "dev", "rt0")
+    ip(netns, "-6", "route", "add", "2001:db8:5::7/128", "dev", "rt0")
+    ip(netns, "route", "add", "default", "via", "192.0.2.1", "dev", "rt0", "table", "1000")
+    ip(netns, "route", "add", "default", "via", "192.0.2.1", "dev", "rt0")  # the one that counts, last
+    wait_for(lambda: len(calls) > calls_before and w.idle, what="callback after the default route")
+    assert (w.events - events_before, w.ignored - ignored_before) == (4, 3), "each route but the default dropped"
+    changes = [
+        ("deleted", ["route", "del", "default", "via", "192.0.2.1", "dev", "rt0"]),
+        ("IPv6 added", ["-6", "route", "add", "default", "via", "2001:db8::1", "dev", "rt0"]),
+        ("IPv6 deleted", ["-6", "route", "del", "default", "via", "2001:db8::1", "dev", "rt0"]),
+    ]
+    for what, args in changes:
+        wait_for(lambda: w.idle, what="watcher idle")
+        calls_before, events_before = len(calls), w.events
+        ip(netns, *args)
+        wait_for(lambda b=calls_before: len(calls) > b, what=f"callback after the default route {what}")
+        assert w.events == events_before + 1  # its own message called back, nothing else
+
+
 def test_watcher_ignores_links_that_can_never_be_nics(fx: Fixture) -> None:
     """Veth churn next to a NIC: no callback, and no per-link table that keeps what left."""
     veth(fx.ns, "r0", "02:00:00:00:00:01", up=False)  # down: no IPv6 link-local address arriving late

@@ -47,6 +47,8 @@ def test_defaults(monkeypatch):
     assert c.kubeconfig is None
     assert c.device_kinds == {DeviceKind.GPU, DeviceKind.NIC}
     assert c.pod_uid == ""
+    # Five minutes, in the flag and in a Config made without flags alike (docs/architecture.md: why).
+    assert c.rediscover_period == Config(node_name="n1").rediscover_period == 300.0
 
 
 def test_environment_supplies_every_flag(monkeypatch):
