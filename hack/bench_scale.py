@@ -424,10 +424,16 @@ def ref_objects() -> list[dict[str, Any]]:
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ref-driver"},
          "subjects": [{"kind": "ServiceAccount", "name": "ref-driver", "namespace": NAMESPACE}]},
     ]  # fmt: skip
-    for kind in ("gpu", "nic"):
-        expr = f'device.driver == "{REF}" && device.attributes["{REF}"].type == "{kind}"'
-        out.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": f"{kind}.{REF}"},
-                    "spec": {"selectors": [{"cel": {"expression": expr}}]}})  # fmt: skip
+    # Tandem's own classes with the driver's name in place of Tandem's, extended resource names
+    # included (the scheduler does more for a class that has one), so both drivers' claims cost the
+    # scheduler alike. nvidia.com/gpu is Tandem's; the reference's GPUs get a name of their own.
+    for d in docs:
+        if d["kind"] == "DeviceClass" and d["metadata"]["name"] in (f"gpu.{DRIVER}", f"nic.{DRIVER}"):
+            cls = json.loads(json.dumps(d).replace(f'"{DRIVER}', f'"{REF}'))  # CEL, extended resource name
+            cls["metadata"]["name"] = d["metadata"]["name"].replace(DRIVER, REF)
+            if cls["spec"].get("extendedResourceName", "").startswith("nvidia.com/"):
+                cls["spec"]["extendedResourceName"] = f"{REF}/gpu"
+            out.append(cls)
     return out
 
 
@@ -1084,7 +1090,10 @@ class ScaleBench:
         wall_off = time.time() - time.monotonic()
 
         def create(i: int) -> None:
-            driver = (DRIVER, REF)[i % 2]
+            # Alternating ABBA, not ABAB: in strict alternation each driver's pods always follow
+            # the other's by the same interval, and whatever recurs with that phase (the claim
+            # controller's or the scheduler's work for the previous pod) falls on one driver only.
+            driver = (DRIVER, REF, REF, DRIVER)[i % 4]
             name = f"{workload}-{i:05d}"
             delay = t0 + i / self.plan.rate - time.monotonic()
             if delay > 0:
