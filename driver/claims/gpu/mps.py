@@ -70,6 +70,7 @@ cgroup and stop are one state machine under one lock, which a split would spread
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -321,6 +322,8 @@ class MpsDaemons:
             gate.stdin.close()
         except OSError as e:
             gate.kill()  # still the gate, never the daemon: nothing runs unrecorded
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                gate.wait(_QUIT_TIMEOUT)  # gone and reaped before the failure is told (SIGKILL is not instant)
             raise MpsError(f"{device}: starting {CONTROL_PROGRAM} failed: {e}") from e
         self._wait_up(device, gate, output)
         self._control_kept(device)  # the socket it bound, from now on
