@@ -19,7 +19,11 @@ fi
 suite=(tests/cluster --ignore=tests/cluster/multi)
 [ "$nodes" = 1 ] || suite=(tests/cluster/multi)
 TANDEM_EXTRAS=test hack/venv.sh
-hack/cluster.sh up --nodes "$nodes"
+if ! hack/cluster.sh up --nodes "$nodes"; then
+  # What a cluster that failed to come up did start must not outlive the run either.
+  [ "${KEEP:-0}" = 1 ] || hack/cluster.sh down || echo "hack/cluster.sh down failed" >&2
+  exit 1
+fi
 rc=0
 TANDEM_E2E=1 TANDEM_E2E_NODES="$nodes" .venv/bin/python -m pytest -q "${suite[@]}" "$@" || rc=$?
 if [ "${KEEP:-0}" != 1 ]; then

@@ -56,9 +56,11 @@ node_indexes() {
   done | sort -n
 }
 
-# The directories a node has for itself, at their standard paths.
+# The directories a node has for itself, at their standard paths. /run/nri: every containerd
+# removes the NRI socket there and binds its own, so two nodes' containerds starting at once made
+# one fail ("bind: address already in use").
 node_dirs() {
-  echo "$KUBELET_ROOT" "$CDI_ROOT" /var/lib/cni /run/netns /run/containerd /var/log/pods /var/log/containers
+  echo "$KUBELET_ROOT" "$CDI_ROOT" /var/lib/cni /run/netns /run/containerd /run/nri /var/log/pods /var/log/containers
 }
 
 # node_pki: node I's credentials (the node's settings in force). One node at a time: the CA's
