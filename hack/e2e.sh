@@ -19,13 +19,12 @@ fi
 suite=(tests/cluster --ignore=tests/cluster/multi)
 [ "$nodes" = 1 ] || suite=(tests/cluster/multi)
 TANDEM_EXTRAS=test hack/venv.sh
-if ! hack/cluster.sh up --nodes "$nodes"; then
-  # What a cluster that failed to come up did start must not outlive the run either.
-  [ "${KEEP:-0}" = 1 ] || hack/cluster.sh down || echo "hack/cluster.sh down failed" >&2
-  exit 1
-fi
 rc=0
-TANDEM_E2E=1 TANDEM_E2E_NODES="$nodes" .venv/bin/python -m pytest -q "${suite[@]}" "$@" || rc=$?
+if hack/cluster.sh up --nodes "$nodes"; then
+  TANDEM_E2E=1 TANDEM_E2E_NODES="$nodes" .venv/bin/python -m pytest -q "${suite[@]}" "$@" || rc=$?
+else
+  rc=1 # and what it did start is taken down below, like a cluster that came up
+fi
 if [ "${KEEP:-0}" != 1 ]; then
   # Taking the cluster down is part of the test: it must leave no process, mount or state behind.
   hack/cluster.sh down || { echo "hack/cluster.sh down failed" >&2; rc=1; }
