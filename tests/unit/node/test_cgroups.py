@@ -58,7 +58,9 @@ def cgroup() -> Iterator[Cgroup]:
 def test_a_process_moved_in_leaves_its_cgroup_in_every_hierarchy_and_its_children_follow(cgroup: Cgroup) -> None:
     """What takes a process out of its container's reach (driver/node/cgroups.py): moved before it
     forks, in every hierarchy, then killed with whatever it started, and the cgroup removed."""
-    parent = subprocess.Popen(["sh", "-c", "read -r _; sleep 300 & wait"], stdin=subprocess.PIPE)
+    # The shell never ends by itself (its last `sleep` is exec'd), so that its end can only be the
+    # kill, even when the kill reaches its child first and its `wait` returns.
+    parent = subprocess.Popen(["sh", "-c", "read -r _; sleep 300 & wait; exec sleep 300"], stdin=subprocess.PIPE)
     try:
         cgroup.enter(parent.pid, 10)
         assert parent.stdin is not None
