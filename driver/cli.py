@@ -90,8 +90,8 @@ def _liveness(ns: argparse.Namespace) -> int:
         sys.stderr.write(f"tandem-driver liveness: {e}\n")
         return 1
     if ns.ready:
-        from driver.ctl import unready_reason
-        from driver.status_socket import status_socket_path
+        from driver.ctl.commands import unready_reason
+        from driver.status.server import status_socket_path
 
         reason = unready_reason(status_socket_path(Path(ns.kubelet_plugins_dir) / ns.driver_name), ns.timeout)
         if reason is not None:
@@ -102,6 +102,6 @@ def _liveness(ns: argparse.Namespace) -> int:
 
 
 def ctl_main(argv: Sequence[str] | None = None) -> int:
-    from driver.ctl import main
+    from driver.ctl.commands import main
 
     return main(argv)

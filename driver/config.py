@@ -100,7 +100,7 @@ class GpuSelection:
     `--dynamic-mig`: GPUs whose MIG devices Tandem makes on demand (partitions and counters instead
     of the MIG devices an administrator made; only GPUs the administrator put in MIG mode, whose
     mode Tandem never switches). `--gpu-sharing`: full GPUs many claims may share (consumable
-    capacity, `driver.discovery.shared_gpu`)."""
+    capacity, `driver.discovery.gpu.shared`)."""
 
     everything: bool = False
     gpus: frozenset[str] = frozenset()

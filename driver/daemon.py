@@ -33,22 +33,23 @@ from driver.claims.gpu.sharing import GpuSharing, mps_gpus, time_slice_gpus
 from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
 from driver.claims.metadata import MetadataWriter
 from driver.claims.nic.homes import NicHomes
+from driver.claims.nic.network_data import NetworkDataRefresh
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
-from driver.claims.refresh import NetworkDataRefresh
 from driver.claims.usage import ClaimGpuUsage
 from driver.config import Config
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
-from driver.discovery.nic_watcher import NicWatcher
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
+from driver.discovery.nic.watcher import NicWatcher
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
 from driver.health.cordon import CordonStore
-from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_release import GpuReleases
+from driver.health.gpu.monitor import GpuHealthMonitor
+from driver.health.gpu.release import GpuReleases
 from driver.health.monitors import build_monitors, health_counters, xid_counts
-from driver.health.nic import NicHealthMonitor
-from driver.inventory import Inventory
+from driver.health.nic.monitor import NicHealthMonitor
+from driver.inventory.sources import Coalescer, RefreshLoop, SourceUnavailable
+from driver.inventory.store import Inventory
 from driver.kube.api import KubeAPI
 from driver.kubelet.health import HealthBroadcaster
 from driver.kubelet.liveness import PROBE_PERIOD, ProbeFile, probe_path
@@ -59,10 +60,9 @@ from driver.metrics import Metrics, MetricsServer, ScrapeSources
 from driver.model import Device, DeviceKind, MigPlacement
 from driver.node.driver_root import find_driver_files
 from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
-from driver.refresh import Coalescer, RefreshLoop, SourceUnavailable
 from driver.slices.publisher import SlicePublisher
-from driver.status_docs import ClaimFacts
-from driver.status_socket import StatusServer, status_socket_path
+from driver.status.documents import ClaimFacts
+from driver.status.server import StatusServer, status_socket_path
 from driver.version import describe
 
 log = logging.getLogger(__name__)

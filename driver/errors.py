@@ -7,7 +7,7 @@ sits in one branch that says whose problem it is, as the class's `kind` (what me
 by): the input Tandem was given, one device, the node around the devices, the API server, or one
 of Tandem's own sockets. A door turns its library's exceptions into these (`translating`): NVML's
 error becomes `NvmlError` (driver/node/nvml.py), pyroute2's `NetlinkError` becomes
-`NetlinkFailure` (driver/node/netlink.py), and driver/kube/ answers with `ApiError`; nothing past
+`NetlinkFailure` (driver/node/netlink_types.py), and driver/kube/ answers with `ApiError`; nothing past
 a door needs to know its library's exceptions.
 
 The whole tree; a name is the class's module under `driver/` and the class (the branches are
@@ -23,24 +23,24 @@ and kinds, so it cannot go stale:
     │   ├── claims.cdi_spec.ClaimSpecError          a claim's devices in no consistent CDI spec
     │   ├── health.cordon.CordonError               a refused `tandemctl cordon`
     │   │   └── health.cordon.UnknownDevice         ... naming no device
-    │   └── health.gpu_release.ReleaseError         a refused `tandemctl release` or `reacquire`
+    │   └── health.gpu.release.ReleaseError         a refused `tandemctl release` or `reacquire`
     ├── DeviceError                                 kind "device": one GPU, MIG device or NIC
     │   ├── node.nvml.NvmlError                     an NVML call failed (`value`: NVML's return code)
     │   ├── node.nvml.DeviceSkipped                 NVML cannot identify a device: not published
-    │   ├── discovery.nic_sysfs.NicError            sysfs says what cannot be true of a NIC
+    │   ├── discovery.nic.sysfs.NicError            sysfs says what cannot be true of a NIC
     │   ├── claims.gpu.mig.MigError                 a MIG device not made or not destroyed
     │   ├── claims.binding.NotReady                 a device not ready for its pod before binding
     │   ├── claims.gpu.mps.MpsError                 a GPU's MPS control daemon not started
     │   └── claims.gpu.time_slices.TimeSliceError   a GPU's time slice not set
     ├── NodeError                                   kind "node": the node around the devices
-    │   ├── node.netlink.NetlinkFailure             rtnetlink refused (also an OSError, with the errno)
+    │   ├── node.netlink_types.NetlinkFailure       rtnetlink refused (also an OSError, with the errno)
     │   ├── node.nvml.NvmlUnavailable               NVML as a whole: no library, no driver, init failed
     │   │   └── node.nvml.NvmlReleased              ... released by an SRE (`tandemctl release`)
-    │   ├── health.nvml_events.NvmlGone             NVML went away under a session
-    │   ├── health.gpu_release.ReleaseTimeout       NVML still held a session when a release gave up
+    │   ├── health.gpu.nvml_events.NvmlGone         NVML went away under a session
+    │   ├── health.gpu.release.ReleaseTimeout       NVML still held a session when a release gave up
     │   ├── node.driver_root.OutsideRoot            a path that leaves the NVIDIA driver root
-    │   ├── discovery.nic_scan.NicDiscoveryError    netlink unreadable, namespace gone
-    │   ├── refresh.SourceUnavailable               a whole discovery source, retried with backoff
+    │   ├── discovery.nic.scan.NicDiscoveryError    netlink unreadable, namespace gone
+    │   ├── inventory.sources.SourceUnavailable     a whole discovery source, retried with backoff
     │   ├── fsutil.StateFileError                   a state file this release cannot read
     │   │   └── fsutil.NewerFormat                  ... written by a newer release
     │   ├── claims.device_nodes.DeviceNodeError     a device node missing that cannot be made
@@ -50,17 +50,17 @@ and kinds, so it cannot go stale:
     │       ├── kube.errors.Conflict
     │       └── kube.errors.NotFound
     └── EndpointError                               kind "endpoint": Tandem's own sockets, either end
-        ├── status_socket.RequestError              a refused status-socket request (its HTTP status)
-        ├── status_docs.UnknownClaim                `tandemctl claim`: a claim the daemon knows nothing of
-        ├── status_docs.BadClaimKey                 `tandemctl claim`: neither a UID nor NAMESPACE/NAME
+        ├── status.server.RequestError              a refused status-socket request (its HTTP status)
+        ├── status.documents.UnknownClaim           `tandemctl claim`: a claim the daemon knows nothing of
+        ├── status.documents.BadClaimKey            `tandemctl claim`: neither a UID nor NAMESPACE/NAME
         ├── kubelet.health.TooManyStreams           more health streams than the limit
         ├── kubelet.liveness.NotAlive               `tandem-driver liveness`: a step failed
-        └── ctl.Unreachable                         `tandemctl`: no usable answer from the daemon
+        └── ctl.commands.Unreachable                `tandemctl`: no usable answer from the daemon
 
 A builtin second base is kept where callers rely on it: `NetlinkFailure` stays an `OSError`,
 because a netlink call fails with OSErrors of its own (a socket, a namespace) and its callers
 catch them all as one. The others were `ValueError`s or `RuntimeError`s that every caller catches
-by name; `NicError` is in `discovery.nic_sysfs.BROKEN`, with the builtins a broken sysfs entry
+by name; `NicError` is in `discovery.nic.sysfs.BROKEN`, with the builtins a broken sysfs entry
 raises.
 
 `ClaimError` is the answer a claim's prepare gives the kubelet, so prepare wraps other failures in

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from driver.errors import Kind
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.model import BINDING_FAILURE_REASONS, DeviceKind
 from driver.version import build
 

@@ -54,7 +54,7 @@ import bench_sharing
 import bench_slices
 import bench_topology
 
-from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
 from sim import nvml as sim_nvml
 from sim.profile import NodeProfile, a100_mig_node, h100_node
 from sim.sysfs import render_node

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from driver.discovery.gpu import GpuDiscovery
-from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_policy import GpuHealthPolicy
-from driver.inventory import Inventory
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.health.gpu.monitor import GpuHealthMonitor
+from driver.health.gpu.policy import GpuHealthPolicy
+from driver.inventory.store import Inventory
 from sim import nvml as sim_nvml
 from sim.profile import h100_node
 from sim.sysfs import render_node

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from demo.node import DRIVER, SimNode, stop_daemon
-from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
 from driver.kube.api import KubeAPI
 from driver.slices.build import build_slices
 from driver.slices.publisher import SlicePublisher

@@ -28,8 +28,8 @@ from typing import Any
 from bench_daemon import _cpu_seconds, _daemon
 from pyroute2 import IPRoute
 
-from driver.discovery.nic import NicDiscovery
-from driver.discovery.nic_watcher import NicWatcher
+from driver.discovery.nic.discover import NicDiscovery
+from driver.discovery.nic.watcher import NicWatcher
 from sim.nics import render_nic
 from sim.profile import NicSpec, NodeProfile
 

@@ -20,9 +20,9 @@ from typing import Any
 from bench_nic import cannot_run, netns
 from pyroute2 import IPRoute
 
-from driver.discovery.nic import NicDiscovery
-from driver.health.nic import NicHealthMonitor
-from driver.inventory import Inventory
+from driver.discovery.nic.discover import NicDiscovery
+from driver.health.nic.monitor import NicHealthMonitor
+from driver.inventory.store import Inventory
 from sim.nics import render_nic
 from sim.profile import NicSpec
 

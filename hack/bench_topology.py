@@ -20,8 +20,8 @@ from typing import Any
 
 from bench_nic import _ip_batch, cannot_run, netns
 
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from driver.discovery.topology import topology
 from sim import nvml as sim_nvml
 from sim.profile import h100_node

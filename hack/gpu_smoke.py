@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from driver.discovery.dynamic_mig import DynamicMigReader
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
-from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.gpu.dynamic_mig import DynamicMigReader
+from driver.discovery.nic.discover import NicDiscovery
+from driver.discovery.nic.scan import NicDiscoveryError
 from driver.node.nvml import DeviceSkipped, NvmlError, NvmlUnavailable, init_nvml, shutdown_nvml
 from driver.slices.build import build_slices
 

@@ -19,7 +19,7 @@ instance is dead. Every file of a claim is named by its UID (`driver.claims.file
 done for one claim touches another claim of the same name.
 
 What goes into the claim status is `driver.claims.status`; keeping it current when a NIC's
-addresses change later is `driver.claims.refresh`. The status apply is a round trip to the API
+addresses change later is `driver.claims.nic.network_data`. The status apply is a round trip to the API
 server that depends on nothing written here, so it is sent before the file writes of phase 2 and
 its answer read after them (the status withdrawal likewise around the file removals of
 unprepare): the server works while we write, on the calling thread, and the claim's status is as

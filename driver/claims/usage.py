@@ -2,7 +2,7 @@
 at scrape time for `/metrics` (`tandem_claim_gpu_*`; docs/deployment.md, 'Per-pod GPU metrics',
 says why Tandem exports them rather than leaving them to dcgm-exporter).
 
-Who holds a device is the checkpoint's word, as for `tandemctl devices` (`driver.status_docs`):
+Who holds a device is the checkpoint's word, as for `tandemctl devices` (`driver.status.documents`):
 the claims whose completed records name it, and the pods their `status.reservedFor` named at
 prepare (a record of an older release names none: its series have an empty `pod`). So a series
 appears once the kubelet's prepare completed and goes with the record at unprepare, when the pod

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from driver.health.gpu_policy import NAMES as GPU_CONDITIONS
-from driver.health.nic_signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN
+from driver.health.gpu.policy import NAMES as GPU_CONDITIONS
+from driver.health.nic.signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN
 from driver.model import TaintEffect
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from cdi import atomic_write
 from driver.errors import InvalidInput
 from driver.fsutil import Upgrade, locked, read_json_state, unchanged
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.model import Condition, TaintEffect
 from driver.resource_api import rfc3339
 

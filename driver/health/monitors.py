@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from driver.config import Config
 from driver.fsutil import boot_id
 from driver.health import effects_for, parse_taint_effects
-from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_held import HeldResets
-from driver.health.gpu_policy import APPLICATION_XIDS, RESET_XIDS, GpuHealthPolicy
-from driver.health.nic import NicHealthMonitor
-from driver.inventory import Inventory
+from driver.health.gpu.held import HeldResets
+from driver.health.gpu.monitor import GpuHealthMonitor
+from driver.health.gpu.policy import APPLICATION_XIDS, RESET_XIDS, GpuHealthPolicy
+from driver.health.nic.monitor import NicHealthMonitor
+from driver.inventory.store import Inventory
 from driver.model import DeviceKind
 
 Monitor = GpuHealthMonitor | NicHealthMonitor

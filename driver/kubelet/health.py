@@ -29,7 +29,7 @@ from typing import Protocol
 import grpc
 
 from driver.errors import EndpointError
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.kubelet.api.dra_health.v1 import api_pb2 as v1_pb2
 from driver.kubelet.api.dra_health.v1 import api_pb2_grpc as v1_grpc
 from driver.kubelet.api.dra_health.v1alpha1 import api_pb2 as v1alpha1_pb2

@@ -34,11 +34,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from driver.errors import NodeError
 from driver.node import rtnl
+from driver.node.netlink_types import RT_SCOPE_UNIVERSE as RT_SCOPE_UNIVERSE
+from driver.node.netlink_types import LinkHome as LinkHome
+from driver.node.netlink_types import NetlinkFailure as NetlinkFailure
 from driver.node.rtnl import Address, Link, LinkState, Route
 
-RT_SCOPE_UNIVERSE = 0
 RT_TABLE_MAIN = 254
 RTN_UNICAST = 1
 NLM_F_REQUEST = 0x1
@@ -70,10 +71,6 @@ _REQUEST_NAMES = {rtnl.RTM_GETLINK: "RTM_GETLINK", rtnl.RTM_GETADDR: "RTM_GETADD
 _sequence = itertools.count(1)
 
 T = TypeVar("T")
-
-
-class NetlinkFailure(NodeError, OSError):
-    """A netlink request the kernel refused, as an OSError carrying the kernel's errno."""
 
 
 @dataclass(frozen=True)
@@ -271,16 +268,6 @@ def _default_route_links(routes: list[Route]) -> frozenset[int]:
         elif r.priority == current[0]:
             current[1].update(oifs)
     return frozenset(i for _, oifs in best.values() for i in oifs)
-
-
-@dataclass(frozen=True)
-class LinkHome:
-    """What a netdev was on the host before it went into a pod, for `restore_link`."""
-
-    name: str
-    mtu: int = 0  # 0: keep the one it has
-    mac: str = ""  # "": keep the one it has
-    addresses: tuple[str, ...] = ()  # its global addresses (CIDR): exactly these
 
 
 def restore_link(name: str, home: LinkHome, netns: str | None = None) -> None:

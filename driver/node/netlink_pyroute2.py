@@ -27,7 +27,7 @@ from pyroute2 import netns as pyroute2_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
 from driver.errors import translating
-from driver.node.netlink import RT_SCOPE_UNIVERSE, LinkHome, NetlinkFailure
+from driver.node.netlink_types import RT_SCOPE_UNIVERSE, LinkHome, NetlinkFailure
 
 IFA_F_NODAD = 0x2  # an IPv6 address usable at once, without duplicate address detection
 

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from waiting import wait_for
 
 from demo.node import DRIVER, SimNode, stop_daemon
-from driver import ctl
+from driver.ctl import commands as ctl
 from sim.apiserver import SimApiServer
 from sim.kubelet import KubeletSim
 from sim.profile import h100_node

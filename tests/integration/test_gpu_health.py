@@ -14,11 +14,11 @@ from types import ModuleType
 import pytest
 
 from driver.backoff import Backoff
-from driver.discovery.gpu import GpuDiscovery
-from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_policy import GpuHealthPolicy
-from driver.health.gpu_resets import ResetEvidence
-from driver.inventory import Inventory
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.health.gpu.monitor import GpuHealthMonitor
+from driver.health.gpu.policy import GpuHealthPolicy
+from driver.health.gpu.resets import ResetEvidence
+from driver.inventory.store import Inventory
 from driver.model import Health, TaintEffect
 from driver.node.nvml import NVML_ACCESS, NvmlDoor, NvmlError, NvmlReleased, NvmlUnavailable
 from sim import nvml as sim_nvml
@@ -516,7 +516,7 @@ def test_a_release_that_cannot_close_a_session_says_so(node: Callable[[NodeProfi
 
 
 def test_reading_the_recovery_action_as_drivers_old_and_new_answer(node: Callable[[NodeProfile], Node]) -> None:
-    from driver.health.gpu_recovery import read_recovery_action
+    from driver.health.gpu.recovery import read_recovery_action
 
     profile = h100_node(gpus=3, nics=0)
     profile.gpus[0].recovery_action = 4  # drain and reset

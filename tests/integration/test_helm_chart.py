@@ -237,6 +237,101 @@ def test_names_follow_the_release(helm: str) -> None:
     assert "system:serviceaccount:other-ns:other-tandem-driver" in policy["spec"]["matchConditions"][0]["expression"]
 
 
+# -- labels and selectors --------------------------------------------------------------------------
+
+# The labels _helpers.tpl alone writes (tandem.labels, tandem.selectorLabels); a template adds a
+# component of its own at most.
+STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
+                   "app.kubernetes.io/managed-by", "helm.sh/chart")  # fmt: skip
+# 0.1.0's DaemonSet selector (its daemonset.yaml, commit db9db60). A DaemonSet's selector is
+# immutable: tests/cluster/test_upgrade.py upgrades that DaemonSet with this chart and replaces it
+# back, so the chart's must stay exactly this (docs/deployment.md, 'Labels and selectors').
+PREVIOUS_SELECTOR = {"app.kubernetes.io/name": "tandem", "app.kubernetes.io/component": "kubelet-plugin"}
+
+
+def test_labels_and_the_probe_script_are_written_once() -> None:
+    """Every template takes its labels from _helpers.tpl and none spells one out by hand, and the
+    probes' shell script is one definition (tandem.probe) the three probes include."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    for template in sorted((CHART / "templates").iterdir()):
+        if template.name == "_helpers.tpl":
+            continue
+        text = template.read_text()
+        by_hand = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
+                   if any(f"{label}:" in line for label in STANDARD_LABELS)]  # fmt: skip
+        assert not by_hand, f"{template.name} writes labels that _helpers.tpl's tandem.labels should: {by_hand}"
+        assert "verdict expired" not in text and "$KUBELET_PLUGINS_DIRECTORY_PATH" not in text, (
+            f"{template.name}: the probe script belongs in _helpers.tpl (tandem.probe)"
+        )
+    assert helpers.count("verdict expired") == 1
+    for label in STANDARD_LABELS:
+        assert f"{label}:" in helpers, label
+
+
+def test_every_object_carries_the_standard_labels(helm: str) -> None:
+    docs = render(helm, "metrics.enabled=true", api_versions=(SERVICE_MONITOR,))
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    expected = {
+        "helm.sh/chart": f"tandem-{chart['version']}",
+        "app.kubernetes.io/name": "tandem",
+        "app.kubernetes.io/instance": "tandem",
+        "app.kubernetes.io/version": chart["appVersion"],
+        "app.kubernetes.io/managed-by": "Helm",
+    }
+    pods = [d["spec"]["template"] for d in docs if d["kind"] == "DaemonSet"]
+    for doc in [*docs, *pods]:
+        labels = doc["metadata"].get("labels") or {}
+        assert labels.items() >= expected.items(), (doc.get("kind", "pod template"), labels)
+    ds = _one(docs, "DaemonSet")
+    assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == "kubelet-plugin"
+    assert _one(docs, "Service")["metadata"]["labels"]["app.kubernetes.io/component"] == "metrics"
+    # The namespace keeps its Pod Security label beside them.
+    assert _one(docs, "Namespace")["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
+
+
+def test_the_daemonset_selector_is_the_immutable_one_of_0_1_0(helm: str) -> None:
+    """Whatever the release and the values, the selector is 0.1.0's, which the pods match."""
+    for release, values in (("tandem", ()), ("other", ("nameOverride=gpus", "fullnameOverride=x"))):
+        args = ["template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION]
+        done = _run(helm, *args, *[a for v in values for a in ("--set", v)])
+        assert done.returncode == 0, done.stderr
+        ds = _one([d for d in yaml.safe_load_all(done.stdout) if d], "DaemonSet")
+        assert ds["spec"]["selector"] == {"matchLabels": PREVIOUS_SELECTOR}, release
+        assert ds["spec"]["template"]["metadata"]["labels"].items() >= PREVIOUS_SELECTOR.items()
+    # Where the history is at hand, the constant is checked against 0.1.0's manifest itself.
+    shown = subprocess.run(["git", "-C", str(REPO), "show", "db9db60:daemonset.yaml"], capture_output=True,
+                           text=True, check=False)  # fmt: skip
+    if shown.returncode == 0:
+        previous = _one([d for d in yaml.safe_load_all(shown.stdout) if d], "DaemonSet")
+        assert previous["spec"]["selector"] == {"matchLabels": PREVIOUS_SELECTOR}
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_two_releases_in_one_namespace_select_only_their_own(helm: str) -> None:
+    """The metrics Service of one release lists only its own driver pods, and its ServiceMonitor
+    only its own Service, with another release of the chart in the same namespace."""
+    renders = {}
+    for release, driver in (("tandem", "tandem.dev"), ("other", "other.example.com")):
+        args = ["template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION,
+                "--api-versions", SERVICE_MONITOR, "--set", "metrics.enabled=true", "--set", f"driverName={driver}"]  # fmt: skip
+        done = _run(helm, *args)
+        assert done.returncode == 0, done.stderr
+        renders[release] = [d for d in yaml.safe_load_all(done.stdout) if d]
+    for mine, theirs in (("tandem", "other"), ("other", "tandem")):
+        own_pods = _one(renders[mine], "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+        other_pods = _one(renders[theirs], "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+        service, other_service = _one(renders[mine], "Service"), _one(renders[theirs], "Service")
+        assert _selects(service["spec"]["selector"], own_pods)
+        assert not _selects(service["spec"]["selector"], other_pods), f"{mine}'s Service selects {theirs}'s pods"
+        monitor = _one(renders[mine], "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+        assert _selects(monitor, service["metadata"]["labels"])
+        assert not _selects(monitor, other_service["metadata"]["labels"]), f"{mine}'s ServiceMonitor selects {theirs}'s"
+        assert own_pods["app.kubernetes.io/instance"] == mine
+
+
 # -- what the chart refuses ------------------------------------------------------------------------
 
 

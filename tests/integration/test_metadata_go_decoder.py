@@ -23,8 +23,8 @@ from driver.claims.metadata import MetadataWriter
 from driver.claims.metadata_format import MetadataDevice, attributes_json
 from driver.claims.opaque_config import RequestConfig
 from driver.claims.status import network_data
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from driver.model import Device
 from sim import nvml as sim_nvml
 from sim.profile import h100_node

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth, wait_for
 
-from driver.discovery.nic import NicDiscovery
-from driver.health.nic import NicHealthMonitor
-from driver.inventory import Inventory
+from driver.discovery.nic.discover import NicDiscovery
+from driver.health.nic.monitor import NicHealthMonitor
+from driver.inventory.store import Inventory
 from driver.model import Device
 
 LINK = "tandem.dev/link-down"

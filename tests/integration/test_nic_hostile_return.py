@@ -19,7 +19,7 @@ from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth
 
 from driver.claims.nic.homes import NicHomes
 from driver.config import NicExclusions
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from driver.model import Device
 from sim.nics import default_gid
 

@@ -17,8 +17,8 @@ import pytest
 from nic_fixtures import SysfsFixture, ip, ip_batch, make_netns, nic_spec, veth, wait_for
 
 from driver.config import NicExclusions
-from driver.discovery.nic import ABSENT_STATE, NicDiscovery
-from driver.discovery.nic_watcher import NicWatcher
+from driver.discovery.nic.discover import ABSENT_STATE, NicDiscovery
+from driver.discovery.nic.watcher import NicWatcher
 from driver.model import Device
 from driver.node import netlink
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES

@@ -12,7 +12,7 @@ import pytest
 from nic_fixtures import SysfsFixture, ip, make_netns, nic_spec, veth
 
 from driver.claims.nic.homes import FILE, NicHomes
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 
 
 @pytest.fixture

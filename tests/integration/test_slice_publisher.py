@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from driver.discovery.nic_device import shared_capacity
+from driver.discovery.nic.device import shared_capacity
 from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound
 from driver.model import NUMA_NODE, Device, DeviceKind, Taint, TaintEffect
 from driver.slices import publisher

@@ -25,7 +25,7 @@ from driver.claims.metadata import MetadataWriter
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
 from driver.daemon import Daemon
-from driver.discovery.gpu import GpuDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
 from driver.model import Device, MigPlacement
 from driver.node.driver_root import find_driver_files
 from sim import nvml as sim_nvml

@@ -27,8 +27,8 @@ from driver.claims.gpu.sharing import GpuSharing
 from driver.claims.metadata import MetadataWriter
 from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from driver.kube.api import ApiError, NotFound
 from driver.model import Device
 from driver.node.driver_root import DriverFiles, find_driver_files

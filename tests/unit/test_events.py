@@ -15,7 +15,7 @@ from waiting import poll, wait_for
 from driver import events as events_module
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.events import NOTE_LIMIT, EventRecorder
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.kube.api import ApiError, KubeAPI
 from driver.model import Condition, Device, DeviceKind, TaintEffect
 from sim.apiserver import SimApiServer

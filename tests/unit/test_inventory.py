@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.model import Condition, Device, DeviceKind, Health, Taint, TaintEffect
 
 XID = Condition("tandem.dev/xid", TaintEffect.NO_SCHEDULE, "79", "XID 79: GPU fell off the bus")

@@ -39,7 +39,7 @@ from driver.claims.opaque_config import (
 )
 from driver.cli import config_from_args, driver_parser
 from driver.config import Config
-from driver.discovery.nic_device import SHARES
+from driver.discovery.nic.device import SHARES
 from driver.kubelet.liveness import probe_path
 from driver.kubelet.registration import registration_socket_path
 from driver.model import DeviceKind

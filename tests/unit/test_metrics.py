@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
-from driver.inventory import Inventory
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
+from driver.inventory.store import Inventory
 from driver.metrics import Metrics, ScrapeSources, parse_address
 from driver.model import Condition, Device, DeviceKind, TaintEffect
 from sim import nvml as sim_nvml

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import threading
 
-from driver.inventory import Inventory
-from driver.refresh import RefreshLoop
+from driver.inventory.sources import RefreshLoop
+from driver.inventory.store import Inventory
 
 
 class Discovery:

@@ -15,21 +15,21 @@ from typing import Any, cast
 
 import pytest
 
-from driver import ctl
 from driver.claims.allocation import PrepareSettings
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.files import ClaimFiles
 from driver.claims.metadata import MetadataWriter
 from driver.claims.vocabulary import PrepareState
+from driver.ctl import commands as ctl
 from driver.events import EventRecorder
 from driver.health.cordon import CordonStore
-from driver.health.gpu_release import GpuReleases
-from driver.inventory import Inventory
+from driver.health.gpu.release import GpuReleases
+from driver.inventory.store import Inventory
 from driver.kube.api import KubeAPI
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Condition, Device, DeviceKind, GpuInfo, TaintEffect
 from driver.node.nvml import NvmlAccess
-from driver.status_docs import ClaimFacts
-from driver.status_socket import MAX_BODY, StatusServer
+from driver.status.documents import ClaimFacts
+from driver.status.server import MAX_BODY, StatusServer
 from sim.nvml import fake_pynvml_in_process, write_state
 from sim.profile import h100_node
 

@@ -3,7 +3,7 @@
 `ensure` makes the GPU instance of a `MigPlacement` with NVML (nvmlDeviceCreateGpuInstanceWithPlacement),
 then one compute instance spanning it (nvmlGpuInstanceCreateComputeInstance), and returns the device
 as a container gets it: the MIG device's UUID, GPU/compute instance IDs and `nvidia-caps` minors,
-read back as discovery reads any MIG device (`driver.discovery.mig`). `destroy` removes the compute
+read back as discovery reads any MIG device (`driver.discovery.gpu.mig`). `destroy` removes the compute
 instances, then the GPU instance (NVML refuses the reverse with IN_USE).
 
 Both are idempotent, which is what makes them safe inside the two-phase checkpoint
@@ -23,7 +23,7 @@ it; and start-up destroys those of claims that are gone (`collect`).
 
 Every MIG change on the node, and every read of the note, holds one lock across the instances of
 a rolling update, and each change bumps `generation`, which GPU discovery uses to redo a pass that
-overlapped one of this process (`driver.discovery.gpu`). Under that lock an instance that rolls back
+overlapped one of this process (`driver.discovery.gpu.discover`). Under that lock an instance that rolls back
 what it made re-checks the note first: the other instance may have adopted the GPU instance
 meanwhile (the kubelet turned to it) and handed it to a container, and then it stays.
 """
@@ -40,7 +40,7 @@ from typing import Any
 
 from driver.claims.checkpoint import DeviceRecord
 from driver.claims.gpu.mig_owners import Made, MigOwners
-from driver.discovery.mig import MigReader
+from driver.discovery.gpu.mig import MigReader
 from driver.errors import DeviceError
 from driver.model import Device, MigPlacement
 from driver.node.nvml import (
@@ -116,7 +116,7 @@ class MigPartitions:
 
     def owned(self) -> set[MigPlacement]:
         """The GPU instances the note says Tandem made or is making: discovery never publishes them
-        as anyone else's (`driver.discovery.dynamic_mig`)."""
+        as anyone else's (`driver.discovery.gpu.dynamic_mig`)."""
         with self._owners.changing() as notes:
             return set(notes)
 
@@ -156,7 +156,7 @@ class MigPartitions:
         return dataclasses.replace(device, gpu=gpu)
 
     def ensure(self, placement: MigPlacement, claim: str, adopt: bool) -> Device:
-        """The MIG device of `placement` for claim `claim` (as `driver.discovery.mig` reads it),
+        """The MIG device of `placement` for claim `claim` (as `driver.discovery.gpu.mig` reads it),
         made if missing.
 
         A GPU instance already there is the claim's when the note says Tandem made it for this

@@ -1,6 +1,6 @@
 """Sharing a GPU at prepare: what a claim's share may do, and the limits its containers get.
 
-A GPU published for sharing (`driver.discovery.shared_gpu`) is allocated to many claims, each with
+A GPU published for sharing (`driver.discovery.gpu.shared`) is allocated to many claims, each with
 the `memory` and `computePercent` it consumed (the allocation result's `consumedCapacity`). The
 scheduler only counts; nothing on the GPU holds a process to its share unless something enforces
 it. How the claim's processes share is its `GpuConfig.sharing` (`driver.claims.opaque_config`; a DeviceClass
@@ -46,8 +46,8 @@ from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.gpu.mps import MpsDaemons, MpsError
 from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
 from driver.claims.vocabulary import Sharing, TimeSliceInterval
-from driver.discovery.gpu_attributes import MIB
-from driver.discovery.shared_gpu import COMPUTE, MEMORY
+from driver.discovery.gpu.attributes import MIB
+from driver.discovery.gpu.shared import COMPUTE, MEMORY
 from driver.model import Device, DeviceKind
 from driver.resource_api import parse_quantity
 

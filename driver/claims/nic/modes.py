@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from driver.claims.allocation import ClaimError
 from driver.claims.cdi_spec import PlannedDevice
-from driver.discovery.nic_device import RDMA_NETNS_MODE, SHARES, RdmaNetnsMode
+from driver.discovery.nic.device import RDMA_NETNS_MODE, SHARES, RdmaNetnsMode
 from driver.model import DeviceKind
 from driver.resource_api import parse_quantity
 

@@ -23,8 +23,8 @@ from driver.claims.cdi_spec import (
 )
 from driver.claims.device_nodes import DeviceNodes
 from driver.claims.opaque_config import GpuConfig, NicConfig, RequestConfig
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from driver.discovery.pcie import PCIE_SWITCH
 from driver.model import NUMA_NODE, PCIE_ROOT, Device, DeviceKind, GpuInfo, NicInfo
 from driver.node.driver_root import DriverFiles, find_driver_files

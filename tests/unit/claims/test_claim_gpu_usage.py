@@ -14,7 +14,7 @@ from driver.claims import usage as usage_module
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.usage import ClaimGpuUsage, GpuUsage, Holder, holders
 from driver.claims.vocabulary import PrepareState
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.metrics import Metrics, ScrapeSources
 from driver.model import Device, DeviceKind, GpuInfo
 from driver.node.nvml import NVML_ACCESS, NvmlUnavailable

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from prepare_fakes import NODE, FakeAPI, Host, make_preparer, nic_name, render_host
 
-from driver.claims import refresh as claim_refresh
 from driver.claims.allocation import ClaimRef, PrepareSettings
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.metadata import MetadataWriter
+from driver.claims.nic import network_data as claim_refresh
+from driver.claims.nic.network_data import NetworkDataRefresh
 from driver.claims.prepare import Preparer
-from driver.claims.refresh import NetworkDataRefresh
 from driver.kube.api import ApiError
 from driver.model import Device
 

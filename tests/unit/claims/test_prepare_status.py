@@ -13,7 +13,7 @@ from prepare_fakes import NODE, FakeAPI, Host, make_preparer, nic_name, render_h
 from driver.claims.allocation import ClaimAPI, PrepareSettings
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.metadata import MetadataWriter
-from driver.claims.refresh import NetworkDataRefresh
+from driver.claims.nic.network_data import NetworkDataRefresh
 from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import PrepareState
 from driver.kube.api import KubeAPI

@@ -13,10 +13,10 @@ import pytest
 from mig_fakes import h100_in_mig_mode
 
 from cdi import is_dns_label
-from driver.discovery.dynamic_mig import parse_placement_name, placement_device_name
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.mig import mig_device_name, profile_label
-from driver.health.gpu_policy import NO_INSTANCE, event_targets, index_gpus
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.gpu.dynamic_mig import parse_placement_name, placement_device_name
+from driver.discovery.gpu.mig import mig_device_name, profile_label
+from driver.health.gpu.policy import NO_INSTANCE, event_targets, index_gpus
 from driver.model import Device, DeviceKind, MigPlacement
 from driver.slices.build import build_slices, device_to_api
 from sim import nvml as sim_nvml

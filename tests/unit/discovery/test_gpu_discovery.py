@@ -10,10 +10,10 @@ from types import ModuleType
 
 import pytest
 
-from driver.discovery.gpu import GpuDiscovery
-from driver.discovery.gpu_attributes import binary_quantity, cuda_version, fit_limits, semver
+from driver.discovery.gpu.attributes import binary_quantity, cuda_version, fit_limits, semver
+from driver.discovery.gpu.discover import GpuDiscovery
+from driver.discovery.gpu.mig import MigName, mig_device_name, parse_mig_device_name, profile_label
 from driver.discovery.gpudirect import GPUDIRECT, GPUDIRECT_MODE, MODE_DMABUF
-from driver.discovery.mig import MigName, mig_device_name, parse_mig_device_name, profile_label
 from driver.discovery.pcie import PCIE_SWITCH
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, DeviceKind, Version
 from driver.node.nvml import NvmlUnavailable

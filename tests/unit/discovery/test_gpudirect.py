@@ -17,7 +17,7 @@ from driver.discovery.gpudirect import (
     nic_attributes,
     read_gpudirect,
 )
-from driver.discovery.nic import NicDiscovery
+from driver.discovery.nic.discover import NicDiscovery
 from sim.gpudirect import nvrm_version_line
 from sim.profile import NodeProfile, h100_node
 from sim.sysfs import render_node

@@ -19,11 +19,11 @@ import pytest
 
 from driver.backoff import Backoff
 from driver.config import NO_EXCLUSIONS, NicExclusions
-from driver.discovery import nic_sysfs
-from driver.discovery.nic import ABSENT_STATE, NicDiscovery
-from driver.discovery.nic_device import RDMA_NETNS_MODE, device_name
-from driver.discovery.nic_scan import NicDiscoveryError, NicScanner
-from driver.discovery.nic_watcher import NicWatcher
+from driver.discovery.nic import sysfs as nic_sysfs
+from driver.discovery.nic.device import RDMA_NETNS_MODE, device_name
+from driver.discovery.nic.discover import ABSENT_STATE, NicDiscovery
+from driver.discovery.nic.scan import NicDiscoveryError, NicScanner
+from driver.discovery.nic.watcher import NicWatcher
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, Device, DeviceKind
 from driver.node import netlink, rtnl
 from driver.resource_api import MAX_ATTRIBUTE_VALUES, MAX_ATTRIBUTES_AND_CAPACITIES
@@ -585,7 +585,7 @@ def test_the_watcher_outlives_a_failing_step(events: socket.socket, caplog) -> N
         quiet=0.01,
         backoff=Backoff(initial=0.01, maximum=0.01),
     )
-    with caplog.at_level(logging.ERROR, logger="driver.discovery.nic_watcher"):
+    with caplog.at_level(logging.ERROR, logger="driver.discovery.nic.watcher"):
         w.start()
         try:
             events.send(_newlink(9, "veth9"))  # no NIC: `is_nic` has the last word, and fails

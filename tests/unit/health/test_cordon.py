@@ -11,7 +11,7 @@ import pytest
 
 from driver.health import cordon as cordon_mod
 from driver.health.cordon import CordonError, CordonStore, UnknownDevice
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.model import Condition, Device, DeviceKind, Health, Taint, TaintEffect
 
 KEY = "tandem.dev/cordoned"

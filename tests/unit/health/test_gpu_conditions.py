@@ -7,9 +7,9 @@ from collections.abc import Iterable
 
 import pytest
 
-from driver.health.gpu_conditions import GpuConditions
-from driver.health.gpu_policy import GpuHealthPolicy, index_gpus
-from driver.inventory import Inventory
+from driver.health.gpu.conditions import GpuConditions
+from driver.health.gpu.policy import GpuHealthPolicy, index_gpus
+from driver.inventory.store import Inventory
 from driver.model import Condition, Device, DeviceKind, GpuInfo
 
 SOURCE = "gpu-health"

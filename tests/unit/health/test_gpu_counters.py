@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from driver.health.gpu import GpuHealthMonitor
-from driver.health.gpu_counters import SharedCounters
-from driver.health.gpu_policy import GpuHealthPolicy
+from driver.health.gpu.counters import SharedCounters
+from driver.health.gpu.monitor import GpuHealthMonitor
+from driver.health.gpu.policy import GpuHealthPolicy
 from driver.health.monitors import xid_counts
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 
 
 def test_events_count_by_type_and_xids_by_number() -> None:

@@ -1,4 +1,4 @@
-"""Reset XIDs held until evidence outlive a restart of the daemon (`driver.health.gpu_held`): a new
+"""Reset XIDs held until evidence outlive a restart of the daemon (`driver.health.gpu.held`): a new
 monitor's conditions over the same data dir hold them again, keyed by the GPU's UUID and PCI
 address, of this boot only; no NVML and no thread, so each rule is driven directly."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from driver.health.gpu_conditions import GpuConditions
-from driver.health.gpu_held import FILE_NAME, HeldResets
-from driver.health.gpu_policy import GpuHealthPolicy, index_gpus
-from driver.inventory import Inventory
+from driver.health.gpu.conditions import GpuConditions
+from driver.health.gpu.held import FILE_NAME, HeldResets
+from driver.health.gpu.policy import GpuHealthPolicy, index_gpus
+from driver.inventory.store import Inventory
 from driver.model import Device, DeviceKind, GpuInfo, TaintEffect
 
 SOURCE = "gpu-health"

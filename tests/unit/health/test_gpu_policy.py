@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from driver.health import parse_taint_effects
-from driver.health.gpu_memory import EventRate
-from driver.health.gpu_policy import (
+from driver.health.gpu.memory import EventRate
+from driver.health.gpu.policy import (
     APPLICATION_XIDS,
     MAX_XIDS_PER_SUBJECT,
     NO_INSTANCE,

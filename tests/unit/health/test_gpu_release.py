@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from driver.health.cordon import CordonError
-from driver.health.gpu_release import GpuReleases, ReleaseError
-from driver.inventory import Inventory
+from driver.health.gpu.release import GpuReleases, ReleaseError
+from driver.inventory.store import Inventory
 from driver.model import Device, DeviceKind, GpuInfo, TaintEffect
 from driver.node.nvml import NvmlAccess
 

@@ -1,5 +1,5 @@
 """Reset-class XIDs where the driver reports no recovery action: held until evidence of a reset
-(`driver.health.gpu_resets`), never cleared by a quiet period alone; the evidence each door gives."""
+(`driver.health.gpu.resets`), never cleared by a quiet period alone; the evidence each door gives."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from driver.health.cordon import CordonError, UnknownDevice
-from driver.health.gpu_conditions import GpuConditions
-from driver.health.gpu_policy import RESET_XIDS, GpuHealthPolicy, HealthState, RecoveryAction, index_gpus
-from driver.health.gpu_release import MAX_CLEARS, GpuReleases
-from driver.health.gpu_resets import EVERY_GPU, ResetEvidence
-from driver.inventory import Inventory
+from driver.health.gpu.conditions import GpuConditions
+from driver.health.gpu.policy import RESET_XIDS, GpuHealthPolicy, HealthState, RecoveryAction, index_gpus
+from driver.health.gpu.release import MAX_CLEARS, GpuReleases
+from driver.health.gpu.resets import EVERY_GPU, ResetEvidence
+from driver.inventory.store import Inventory
 from driver.model import Device, DeviceKind, GpuInfo, TaintEffect
 from driver.node.nvml import NvmlAccess
-from driver.status_socket import RequestError, StatusServer
+from driver.status.server import RequestError, StatusServer
 
 SOURCE = "gpu-health"
 NOT_REPORTED = None  # a driver or GPU without NVML's recovery-action field

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from driver.backoff import Backoff
-from driver.discovery.nic import NicDiscovery
-from driver.health import nic as nic_health
+from driver.discovery.nic.discover import NicDiscovery
 from driver.health import parse_taint_effects
-from driver.health.link_sysfs import LinkSysfs
-from driver.health.nic import NicHealthMonitor
-from driver.health.nic_signals import Debounced, Fault, link_fault, port_fault
-from driver.inventory import Inventory
+from driver.health.nic import monitor as nic_health
+from driver.health.nic.link_sysfs import LinkSysfs
+from driver.health.nic.monitor import NicHealthMonitor
+from driver.health.nic.signals import Debounced, Fault, link_fault, port_fault
+from driver.inventory.store import Inventory
 from driver.model import Device, Health, TaintEffect
 from driver.node.rtnl import LinkEvent, LinkState
 from sim.nics import render_nic, unplug_nic
@@ -320,7 +320,7 @@ def test_a_nic_leaving_the_inventory_takes_its_conditions(node: SimNic) -> None:
 def test_unreadable_port_state_is_not_judged_and_warned_once(node: SimNic, caplog) -> None:
     mon = node.monitor(debounce=0.5)
     node.port_file(0).write_text("garbage\n")
-    with caplog.at_level(logging.WARNING, logger="driver.health.link_sysfs"):
+    with caplog.at_level(logging.WARNING, logger="driver.health.nic.link_sysfs"):
         mon.poll()
         node.step(mon, 1.0)
         node.step(mon, 1.0)
@@ -336,7 +336,7 @@ def test_a_port_state_that_is_not_utf8_is_not_judged_and_costs_no_other_nic(node
     mon.poll()
     node.set_link(1, up=False)
     node.port_file(0).write_bytes(b"\xff\xfe4: ACTIVE\n")
-    with caplog.at_level(logging.WARNING, logger="driver.health.link_sysfs"):
+    with caplog.at_level(logging.WARNING, logger="driver.health.nic.link_sysfs"):
         node.step(mon, 1.0)
         node.step(mon, 1.0)
     assert node.taints(1) == {(LINK, "carrier", "NoSchedule")}
@@ -359,7 +359,7 @@ def test_a_nic_that_cannot_be_read_does_not_stop_the_round(node: SimNic, monkeyp
     monkeypatch.setattr(LinkSysfs, "ports", failing)
     mon = node.monitor(debounce=0.5)
     node.set_link(1, up=False)
-    with caplog.at_level(logging.ERROR, logger="driver.health.nic"):
+    with caplog.at_level(logging.ERROR, logger="driver.health.nic.monitor"):
         mon.poll()
         node.step(mon, 0.5)
     assert node.taints(1) == {(LINK, "carrier", "NoSchedule")}
@@ -471,7 +471,7 @@ def test_thread_survives_a_failing_round(node: SimNic, caplog) -> None:
         poll_period=0.02,
         backoff=Backoff(initial=0.01, maximum=0.01),
     )
-    with caplog.at_level(logging.ERROR, logger="driver.health.nic"):
+    with caplog.at_level(logging.ERROR, logger="driver.health.nic.monitor"):
         mon.start()
         try:
             wait_for(lambda: any(t.key == LINK for t in inv.get(node.names[0]).taints), what="raised after failures")
@@ -499,7 +499,7 @@ def test_event_socket_is_reopened_with_backoff(node: SimNic, monkeypatch, caplog
         poll_period=60.0,
         backoff=Backoff(initial=0.01, maximum=0.01),
     )
-    with caplog.at_level(logging.ERROR, logger="driver.health.nic"):
+    with caplog.at_level(logging.ERROR, logger="driver.health.nic.monitor"):
         mon.start()
         try:
             wait_for(lambda: len(calls) >= 3, what="third subscription attempt")

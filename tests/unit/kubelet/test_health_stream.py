@@ -14,7 +14,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.kubelet.api.dra_health.v1 import api_pb2 as health_v1
 from driver.kubelet.api.dra_health.v1 import api_pb2_grpc as health_v1_grpc
 from driver.kubelet.api.dra_health.v1alpha1 import api_pb2 as health_v1alpha1

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from driver.claims.prepare import PrepareResult
 from driver.claims.unprepare import Unprepared
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.kubelet.api.dra.v1 import api_pb2
 from driver.kubelet.service import DRAPluginV1
 from driver.metrics import Metrics

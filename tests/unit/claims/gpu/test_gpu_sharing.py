@@ -18,7 +18,7 @@ from scheduler_fakes import allocate_one, published
 from driver.claims.allocation import ClaimRef
 from driver.claims.gpu.mps import MpsDaemons
 from driver.claims.gpu.sharing import GpuSharing, mps_gpus
-from driver.discovery.shared_gpu import COMPUTE, MEMORY, shareable
+from driver.discovery.gpu.shared import COMPUTE, MEMORY, shareable
 from driver.model import DeviceKind, Taint, TaintEffect
 from driver.slices.build import device_to_api
 from sim import apivalidate

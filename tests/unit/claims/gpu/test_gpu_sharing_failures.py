@@ -21,7 +21,7 @@ from driver.claims.gpu.mps import MpsDaemons
 from driver.claims.gpu.time_slices import STATE_FILE, TimeSlices
 from driver.claims.unprepare import Unprepared
 from driver.claims.vocabulary import TimeSliceInterval
-from driver.discovery.shared_gpu import COMPUTE, MEMORY
+from driver.discovery.gpu.shared import COMPUTE, MEMORY
 from driver.model import MigPlacement
 from sim import nvml as sim_nvml
 from sim.driver_files import BIN_DIR

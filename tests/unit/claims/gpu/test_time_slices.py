@@ -20,7 +20,7 @@ from driver.claims.gpu.mps import MpsDaemons
 from driver.claims.gpu.sharing import GpuSharing, time_slice_gpus
 from driver.claims.gpu.time_slices import STATE_FILE, TimeSliceError, TimeSlices
 from driver.claims.vocabulary import TimeSliceInterval
-from driver.discovery.shared_gpu import COMPUTE, MEMORY
+from driver.discovery.gpu.shared import COMPUTE, MEMORY
 from sim import nvml as sim_nvml
 from sim.driver_files import BIN_DIR
 

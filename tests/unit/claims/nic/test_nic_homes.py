@@ -16,9 +16,9 @@ import pytest
 from driver.claims.nic import homes as homes_module
 from driver.claims.nic.homes import FILE, NicHomes, parked_name
 from driver.config import NicExclusions
-from driver.discovery.nic import NicDiscovery
-from driver.discovery.nic_device import device_name
-from driver.discovery.nic_scan import NicScanner
+from driver.discovery.nic.device import device_name
+from driver.discovery.nic.discover import NicDiscovery
+from driver.discovery.nic.scan import NicScanner
 from driver.model import Device, DeviceKind, NicInfo
 from driver.node.netlink import LinkHome, NetlinkFailure
 from driver.node.rtnl import Link

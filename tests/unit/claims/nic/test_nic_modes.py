@@ -15,7 +15,7 @@ from prepare_fakes import DRIVER, NODE, FakeAPI, Host, make_preparer, nic_name, 
 from scheduler_fakes import allocate_one, published
 
 from driver.claims.allocation import ClaimRef
-from driver.discovery.nic_device import RDMA_NETNS_MODE, SHARES, shared_capacity
+from driver.discovery.nic.device import RDMA_NETNS_MODE, SHARES, shared_capacity
 from sim import apivalidate
 from sim.scheduler import Request, attribute
 

@@ -8,7 +8,7 @@ public name with any other mode (it is bound in a private directory, then rename
 During a rolling update two instances share the data dir: the newer one takes the name over,
 and an instance only removes the socket on stop if the name still points at its own.
 
-Endpoints: GET /devices, /claims, /claims/<uid or namespace/name> (`driver.status_docs`: one
+Endpoints: GET /devices, /claims, /claims/<uid or namespace/name> (`driver.status.documents`: one
 claim's record, files, status and last error), /health; POST /cordon {"device", "reason", "by"},
 POST /uncordon {"device"}; POST /release {"device" or "all": true, "reason", "by"} and
 POST /reacquire {"device" or "all": true} (`health.gpu_release`: a release answers once NVML let
@@ -44,10 +44,10 @@ from typing import Any
 
 from driver.errors import EndpointError
 from driver.health.cordon import MAX_NAME, CordonError, CordonStore, UnknownDevice, check_text
-from driver.health.gpu_release import GpuReleases, ReleaseError, ReleaseTimeout
-from driver.inventory import Inventory
+from driver.health.gpu.release import GpuReleases, ReleaseError, ReleaseTimeout
+from driver.inventory.store import Inventory
 from driver.model import Health
-from driver.status_docs import BadClaimKey, ClaimFacts, Holders, UnknownClaim, device_json, holders_by_device
+from driver.status.documents import BadClaimKey, ClaimFacts, Holders, UnknownClaim, device_json, holders_by_device
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ evicts (docs/reference/drivers.md, 'NVIDIA DRA driver for GPUs' and 'User compla
 
 * TRANSIENT conditions come from events (XIDs, ECC errors). Each occurrence restarts a quiet
   period; when it passes without a new occurrence the condition clears, except a reset XID on a
-  driver that reports no recovery action: that one waits for evidence of a reset (`gpu_resets`).
+  driver that reports no recovery action: that one waits for evidence of a reset (`resets`).
 * HARD conditions come from the periodic probe (GPU lost, rows waiting for remapping, a
   recovery action the driver asks for, NVML errors, events that could not be registered). The
   probe states them afresh each time, so they clear as soon as the probe finds the GPU well again
@@ -272,7 +272,7 @@ class GpuHealthPolicy:
 
 class HealthState:
     """The conditions of each subject, with the time each transient one was last seen. A subject
-    is what conditions are about: the monitor (`driver.health.gpu`) uses a GPU's UUID and a MIG
+    is what conditions are about: the monitor (`driver.health.gpu.monitor`) uses a GPU's UUID and a MIG
     device's, so a device made again under the same name (a new UUID) has none of the old one's.
 
     Pure: time is passed in, nothing is published. Every method that can change what a subject
@@ -326,7 +326,7 @@ class HealthState:
         return changed
 
     def clear_reset(self, subject: str) -> bool:
-        """The subject's GPU was reset (`gpu_resets`): drop what waited for it; whether anything did."""
+        """The subject's GPU was reset (`resets`): drop what waited for it; whether anything did."""
         return self._until_reset.pop(subject, None) is not None
 
     def held(self) -> dict[str, frozenset[Condition]]:
@@ -361,7 +361,7 @@ class GpuDevices:
     # dynamic-MIG partition not made yet). A name outlives its instance: a MIG device made again
     # at the same GI/CI, a GPU swapped in at the same minor.
     instances: Mapping[str, str] = field(default_factory=dict)
-    pci: str = ""  # the GPU's PCI address: with its UUID, what names a held reset XID's GPU (`gpu_held`)
+    pci: str = ""  # the GPU's PCI address: with its UUID, what names a held reset XID's GPU (`held`)
 
 
 def index_gpus(devices: Iterable[Device]) -> dict[str, GpuDevices]:

@@ -1,4 +1,4 @@
-"""The JSON documents of the status socket (`driver.status_socket`): a device and who holds it,
+"""The JSON documents of the status socket (`driver.status.server`): a device and who holds it,
 and one claim's whole story for `tandemctl claim`.
 
 Apart from the socket's serving and routing, so that each stays small. What a device's holders

@@ -2,7 +2,7 @@
 
 Link facts (`state`, `speed`, `portState`) change on every flap of a bad cable; published as they
 are, each flap would be a ResourceSlice write seen by every scheduler. A new value is published
-once it has held for `hold` seconds (health taints do the same, in `driver.health.nic_signals`).
+once it has held for `hold` seconds (health taints do the same, in `driver.health.nic.signals`).
 Discovery only samples; with netlink, `link_events` counts the link messages between two samples,
 so a link that went down and up again unseen still restarts the hold.
 

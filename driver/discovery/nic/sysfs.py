@@ -1,7 +1,7 @@
 """Reading the RDMA side of sysfs: values, link targets, PCI functions, and what a broken entry is.
 
 NIC discovery reads dozens of small sysfs files per function, and NIC health a few per NIC every
-poll (`driver.health.link_sysfs`); a kernel bug, a half-removed device or a test tree can make any
+poll (`driver.health.nic.link_sysfs`); a kernel bug, a half-removed device or a test tree can make any
 of them absent, garbled or a symlink loop. These readers turn that into `NicError` or the OS's
 own error (together `BROKEN`, what callers catch), so that one broken entry costs only the NIC it
 describes. The lenient readers

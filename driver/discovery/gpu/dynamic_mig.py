@@ -11,7 +11,7 @@ For a GPU the administrator put in MIG mode and named in `--dynamic-mig`, Tandem
   `decoders`, `encoders` and `jpeg-engines` too;
 * one device per possible placement of every GPU instance profile NVML reports,
   `gpu-<minor>-mig-<profile label>-p<first memory slice>` (type `mig`; one label per profile,
-  `driver.discovery.mig.profile_label`), consuming the memory slices of its placement, its compute
+  `driver.discovery.gpu.mig.profile_label`), consuming the memory slices of its placement, its compute
   slices and its media engines. NVML refuses a GPU instance that overlaps another's memory slices
   (nvmlDeviceGetGpuInstancePossiblePlacements) or needs engines another holds, so two placements
   the scheduler could allocate together are exactly two NVML could create together;
@@ -23,7 +23,7 @@ For a GPU the administrator put in MIG mode and named in `--dynamic-mig`, Tandem
 
 GPU instances that Tandem did not create (`owned`: the placements its checkpoint records or its MIG
 note names, `driver.claims.gpu.mig_owners`; a lost checkpoint loses none of them) are the
-administrator's: they are published as today's MIG devices (`driver.discovery.mig`) and never
+administrator's: they are published as today's MIG devices (`driver.discovery.gpu.mig`) and never
 destroyed; placements they overlap, or whose compute slices or engines they hold, are not published,
 their share is taken out of the counters, and neither is the whole GPU while they exist. A GPU
 instance Tandem made is the placement device it was made for, with the MIG device's identity
@@ -45,8 +45,8 @@ from types import ModuleType
 from typing import Any
 
 from cdi import is_dns_label
-from driver.discovery.gpu_attributes import MIB, binary_quantity, fit_limits
-from driver.discovery.mig import gpu_instance_profiles, profile_label
+from driver.discovery.gpu.attributes import MIB, binary_quantity, fit_limits
+from driver.discovery.gpu.mig import gpu_instance_profiles, profile_label
 from driver.model import AttrValue, CounterSet, CounterUse, Device, DeviceKind, MigPlacement
 from driver.node.nvml import DeviceSkipped, NvmlError, text
 from driver.resource_api import MAX_COUNTERS
@@ -211,7 +211,7 @@ def publish(
     """The devices of a dynamic-MIG GPU (module docstring). Pure.
 
     `whole` is the GPU as a full GPU would be published, `migs` the MIG devices that exist (as
-    `driver.discovery.mig` reads them), `owned` the placements Tandem created or is creating.
+    `driver.discovery.gpu.mig` reads them), `owned` the placements Tandem created or is creating.
     """
     by_id = {p.id: p for p in profiles}
     full = whole_gpu_profile(profiles)

@@ -1,4 +1,4 @@
-"""Reset XIDs held until evidence (`gpu_resets`), kept across a restart of the daemon.
+"""Reset XIDs held until evidence (`resets`), kept across a restart of the daemon.
 
 A reset-class XID on a driver that reports no recovery action is held until there is evidence of
 a reset. The evidence is an event the daemon sees happen, so a daemon that forgot the hold when it
@@ -23,7 +23,7 @@ What an entry names, and why:
 A GPU of an entry that is not in the inventory yet (NVML did not enumerate it at start-up: it may
 still be off the bus) keeps its entry, applied as soon as the GPU is found; while the daemon runs,
 a held GPU that leaves the inventory and comes back starts clean, as before (that is evidence:
-`gpu_resets`). A GPU that never comes back keeps its entry, harmlessly (it taints nothing), until
+`resets`). A GPU that never comes back keeps its entry, harmlessly (it taints nothing), until
 another GPU is found at its address or the node reboots.
 
 Only the GPU health monitor's thread uses this: no lock. The two instances of a rolling update
@@ -41,7 +41,7 @@ from typing import Any
 
 from cdi import atomic_write
 from driver.fsutil import read_json_state
-from driver.health.gpu_policy import XID, GpuDevices, GpuHealthPolicy
+from driver.health.gpu.policy import XID, GpuDevices, GpuHealthPolicy
 from driver.model import Condition
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from driver.discovery.gpu_attributes import MIB, binary_quantity
+from driver.discovery.gpu.attributes import MIB, binary_quantity
 from driver.model import Device, RequestPolicy
 from driver.resource_api import parse_quantity
 

@@ -8,7 +8,7 @@ flags,ifindex}`). Whether a NIC's PCI function is still there is read here on ev
 with one warning per file.
 
 This runs every poll for every NIC (six files and a directory each), so paths are plain strings
-and files are read by `nic_sysfs.read`, straight through the OS.
+and files are read by `sysfs.read`, straight through the OS.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
-from driver.discovery import nic_sysfs
-from driver.health.nic_signals import BAD_OPERSTATES, Fault, port_fault
+from driver.discovery.nic import sysfs as nic_sysfs
+from driver.health.nic.signals import BAD_OPERSTATES, Fault, port_fault
 from driver.node import rtnl
 from driver.node.rtnl import LinkState
 

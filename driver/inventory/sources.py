@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 
 from driver.backoff import Backoff, Retry
 from driver.errors import NodeError
-from driver.inventory import Inventory
+from driver.inventory.store import Inventory
 from driver.model import Device
 
 log = logging.getLogger(__name__)

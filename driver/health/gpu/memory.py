@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from driver.health.gpu_policy import GpuHealthPolicy
-from driver.health.nvml_events import LOST_ERRORS
+from driver.health.gpu.nvml_events import LOST_ERRORS
+from driver.health.gpu.policy import GpuHealthPolicy
 from driver.model import Condition
 from driver.node.nvml import ERROR_NOT_SUPPORTED, REINIT_ERRORS, NvmlError
 

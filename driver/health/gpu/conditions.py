@@ -8,10 +8,10 @@ at the same GI/CI is a new instance with a new UUID, a GPU swapped in at the sam
 UUID too, and neither inherits what the old one had; a dynamic-MIG partition not made yet has no
 instance of its own, so only its GPU's.
 
-Kept apart from the monitor's thread (`driver.health.gpu`), which talks to NVML, so that what is
+Kept apart from the monitor's thread (`driver.health.gpu.monitor`), which talks to NVML, so that what is
 known and what is written to the inventory live in one place. Only that thread uses it: no lock.
 What is held until a reset is written to the data dir with every publish that changed it, and
-held again when the daemon starts (`gpu_held`).
+held again when the daemon starts (`held`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from driver.health.gpu_held import HeldResets
-from driver.health.gpu_memory import EventRate
-from driver.health.gpu_policy import GPU_LOST, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
-from driver.health.gpu_resets import EVERY_GPU
-from driver.inventory import Inventory
+from driver.health.gpu.held import HeldResets
+from driver.health.gpu.memory import EventRate
+from driver.health.gpu.policy import GPU_LOST, GpuDevices, GpuHealthPolicy, HealthState, index_gpus
+from driver.health.gpu.resets import EVERY_GPU
+from driver.inventory.store import Inventory
 from driver.model import Condition
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class GpuConditions:
         self._lost: set[str] = set()  # GPUs the last probe found lost (off the bus)
 
     def restore(self, now: float) -> None:
-        """Holds again what was held until a reset when the daemon stopped (`gpu_held`)."""
+        """Holds again what was held until a reset when the daemon stopped (`held`)."""
         if self._held is not None:
             for subject, cond in self._held.load(self.policy):
                 self.state.observe(subject, cond, now, until_reset=True)
@@ -65,7 +65,7 @@ class GpuConditions:
 
     def reset(self, evidence: dict[str, str], gpus: dict[str, GpuDevices] | None = None) -> bool:
         """Drops what waited for a reset of each GPU in `evidence` (UUID, or EVERY_GPU -> why;
-        `gpu_resets`), its MIG instances' too; whether anything was dropped."""
+        `resets`), its MIG instances' too; whether anything was dropped."""
         if not evidence:
             return False
         gpus = index_gpus(self.inventory.devices()) if gpus is None else gpus
@@ -91,7 +91,7 @@ class GpuConditions:
 
     def forget_gone(self, gpus: dict[str, GpuDevices]) -> None:
         """Drops what is known of GPUs and instances no longer in the inventory; a GPU whose held
-        reset XIDs were restored is not gone until it was found (`gpu_held`)."""
+        reset XIDs were restored is not gone until it was found (`held`)."""
         present = set(gpus) | {uuid for gpu in gpus.values() for uuid in gpu.instances.values()}
         if self._held is not None:
             for subject in self._held.found(gpus):

@@ -5,7 +5,7 @@ the daemon acts on. Exit codes make it usable as a probe (node-problem-detector,
 tell the three answers apart: 0 ok/healthy, 1 degraded, unhealthy or a refused request, 2 a usage
 error (argparse's own), 3 daemon unreachable. Expected failures are one line on stderr, never a
 traceback. Output is a table, `-o wide`, or `-o json` (`--json`: the endpoint's document;
-`driver.ctl_format`). The readiness probe asks through `unready_reason`.
+`driver.ctl.render`). The readiness probe asks through `unready_reason`.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from driver.ctl_format import OUTPUTS, RENDER, text
+from driver.ctl.render import OUTPUTS, RENDER, text
 from driver.errors import EndpointError
-from driver.health.gpu_release import RELEASE_TIMEOUT
+from driver.health.gpu.release import RELEASE_TIMEOUT
 from driver.kubelet.liveness import unready
-from driver.status_socket import status_socket_path
+from driver.status.server import status_socket_path
 from driver.version import add_version_flag
 
 EXIT_OK = 0

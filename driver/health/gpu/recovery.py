@@ -3,7 +3,7 @@
 `nvmlDeviceGetFieldValues` succeeds when it could fill any field and gives each field its own
 return code. A driver that predates the field answers NOT_SUPPORTED in that code (so does a GPU
 without it), and a library that predates the call has no such function (FUNCTION_NOT_FOUND):
-both mean "not reported", and the policy falls back to the Xid catalog (`gpu_policy`).
+both mean "not reported", and the policy falls back to the Xid catalog (`policy`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from driver.health.gpu_policy import GpuHealthPolicy
-from driver.health.nvml_events import LOST_ERRORS
+from driver.health.gpu.nvml_events import LOST_ERRORS
+from driver.health.gpu.policy import GpuHealthPolicy
 from driver.model import Condition
 from driver.node.nvml import ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, REINIT_ERRORS, NvmlError
 

@@ -22,8 +22,8 @@ from enum import StrEnum
 from pathlib import Path
 
 from driver.discovery.gpudirect import GpuDirect, nic_attributes, read_gpudirect
-from driver.discovery.nic_scan import Netdev, representative
-from driver.discovery.nic_sysfs import (
+from driver.discovery.nic.scan import Netdev, representative
+from driver.discovery.nic.sysfs import (
     NicError,
     hex_id,
     link_target_name,

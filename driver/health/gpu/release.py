@@ -15,7 +15,7 @@ nvmlInit opens every GPU (`node.nvml`), so either way Tandem lets go of NVML as 
   GPU the others stay schedulable and carry `unmonitored` (effect None), which says why;
 * a reacquire lifts the conditions, lets NVML be initialised again and rediscovers the GPUs (a
   driver upgrade changes their attributes); the monitor's next probe judges the GPUs afresh, and
-  it is evidence of a reset (`gpu_resets`) for the GPUs taken back: the window for `nvidia-smi -r`;
+  it is evidence of a reset (`resets`) for the GPUs taken back: the window for `nvidia-smi -r`;
 * `tandemctl clear <device> --reason` is the operator's word that the GPU was reset or is healthy
   (`clear`): evidence too, recorded with who, why and when in `<data dir>/cleared.json` (the last
   `MAX_CLEARS`) before it takes effect.
@@ -41,9 +41,9 @@ from cdi import atomic_write
 from driver.errors import InvalidInput, NodeError
 from driver.fsutil import Upgrade, locked, read_json_state, unchanged
 from driver.health.cordon import MAX_BY, MAX_REASON, check_text, unknown_device
-from driver.health.gpu_policy import UNMONITORED
-from driver.health.gpu_resets import EVERY_GPU, RESET_EVIDENCE, ResetEvidence
-from driver.inventory import Inventory
+from driver.health.gpu.policy import UNMONITORED
+from driver.health.gpu.resets import EVERY_GPU, RESET_EVIDENCE, ResetEvidence
+from driver.inventory.store import Inventory
 from driver.model import Condition, TaintEffect
 from driver.node.nvml import NVML_ACCESS, NvmlAccess
 from driver.resource_api import rfc3339
@@ -187,7 +187,7 @@ class GpuReleases:
 
     def clear(self, device: str, reason: str, by: str = "") -> list[str]:
         """The operator's word that the GPU of `device` was reset or is healthy: what waits for a
-        reset (`gpu_resets`) clears. Recorded durably first; the GPU's devices."""
+        reset (`resets`) clears. Recorded durably first; the GPU's devices."""
         reason = check_text("reason", reason, MAX_REASON, required=True)
         by = check_text("by", by, MAX_BY, required=False)
         with self._ops:

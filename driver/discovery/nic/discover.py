@@ -1,7 +1,7 @@
 """RDMA NIC discovery: netlink for netdevs and addresses, sysfs for PCI and RDMA identity.
 
-One pass of `NicDiscovery.discover` runs the three steps: `nic_scan` lists the netdevs and groups
-them by PCI function, `nic_device` turns each function into a published device, and `link_hold`
+One pass of `NicDiscovery.discover` runs the three steps: `scan` lists the netdevs and groups
+them by PCI function, `device` turns each function into a published device, and `link_hold`
 holds back link facts that have not settled yet. What is skipped and why is said in those
 modules; here the default-route functions are left out, and a kept NIC the configured exclusions
 (`--exclude-nics`) name is not kept: excluded means never published, allocated or not. A NIC Tandem
@@ -13,7 +13,7 @@ not publish now (its netdev moved into a pod, or it stopped qualifying) is publi
 known attributes with `NicInfo.present=False` and `state="absent"`; never seen before (e.g. after a
 restart), it is rebuilt from what sysfs still shows of the PCI function and its RDMA device. One
 whose PCI function is gone (hot-removed) is kept too, so that NIC health's `nic-lost` taint
-(`driver.health.nic`) evicts its pods rather than vanishing with it.
+(`driver.health.nic.monitor`) evicts its pods rather than vanishing with it.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from driver.config import NO_EXCLUSIONS, NicExclusions
-from driver.discovery.link_hold import LinkHold
-from driver.discovery.nic_device import NicDeviceReader
-from driver.discovery.nic_scan import NicScanner, representative
-from driver.discovery.nic_sysfs import BROKEN
+from driver.discovery.nic.device import NicDeviceReader
+from driver.discovery.nic.link_hold import LinkHold
+from driver.discovery.nic.scan import NicScanner, representative
+from driver.discovery.nic.sysfs import BROKEN
 from driver.model import Device
 from driver.node.rtnl import Link
 

@@ -2,7 +2,7 @@
 
 One thread, named "gpu-health", does everything, so the monitor's state needs no lock:
 
-    loop: [probe when due or asked] -> reset evidence (`gpu_resets`), quiet periods -> wait for an event
+    loop: [probe when due or asked] -> reset evidence (`resets`), quiet periods -> wait for an event
 
 * The wait has a timeout (`wait_timeout_ms`), so `stop()` takes effect within it and a burst of
   events is drained one per wait without loss (NVML queues them; NVIDIA's one-slot channel lost some).
@@ -17,11 +17,11 @@ One thread, named "gpu-health", does everything, so the monitor's state needs no
 
 ECC: the volatile counters are the truth, events are a prompt. An ECC event is applied to the
 devices it names at once (MIG attribution) and remembered, so the probe's counter delta adds only
-errors no event reported (e.g. a lost event), to all devices of the GPU (`gpu_memory`).
+errors no event reported (e.g. a lost event), to all devices of the GPU (`memory`).
 
-What the observations mean is `gpu_policy`; the NVML event set and registration `nvml_events`;
-what the probe reads of a GPU's memory `gpu_memory`; the conditions, kept by UUID, and their
-publishing `gpu_conditions`; the counters `gpu_counters`. This is the thread that ties them to NVML.
+What the observations mean is `policy`; the NVML event set and registration `nvml_events`;
+what the probe reads of a GPU's memory `memory`; the conditions, kept by UUID, and their
+publishing `conditions`; the counters `counters`. This is the thread that ties them to NVML.
 
 Every NVML failure is logged and counted; nothing but `stop()` ends the thread. A stopped
 monitor leaves its last conditions in the inventory: they describe the hardware as last seen.
@@ -39,23 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from driver.backoff import Backoff, Retry
-from driver.health import nvml_events
-from driver.health.gpu_conditions import GpuConditions
-from driver.health.gpu_counters import GpuHealthCounters, SharedCounters
-from driver.health.gpu_held import HeldResets
-from driver.health.gpu_memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
-from driver.health.gpu_policy import (
-    NO_INSTANCE,
-    GpuDevices,
-    GpuHealthPolicy,
-    RecoveryAction,
-    event_subjects,
-    event_targets,
-    index_gpus,
-)
-from driver.health.gpu_recovery import read_recovery_action, recovery_conditions
-from driver.health.gpu_resets import RESET_EVIDENCE, ResetEvidence
-from driver.health.nvml_events import (
+from driver.health.gpu import nvml_events
+from driver.health.gpu.conditions import GpuConditions
+from driver.health.gpu.counters import GpuHealthCounters, SharedCounters
+from driver.health.gpu.held import HeldResets
+from driver.health.gpu.memory import CORRECTED, UNCORRECTED, EccLedger, memory_conditions
+from driver.health.gpu.nvml_events import (
     DOUBLE_BIT,
     EVENT_NAMES,
     LOST_ERRORS,
@@ -65,7 +54,18 @@ from driver.health.nvml_events import (
     Session,
     handle_key,
 )
-from driver.inventory import Inventory
+from driver.health.gpu.policy import (
+    NO_INSTANCE,
+    GpuDevices,
+    GpuHealthPolicy,
+    RecoveryAction,
+    event_subjects,
+    event_targets,
+    index_gpus,
+)
+from driver.health.gpu.recovery import read_recovery_action, recovery_conditions
+from driver.health.gpu.resets import RESET_EVIDENCE, ResetEvidence
+from driver.inventory.store import Inventory
 from driver.model import Condition
 from driver.node.nvml import (
     ERROR_TIMEOUT,

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable
 
 from driver.backoff import Backoff, Retry
-from driver.discovery.nic_scan import NicDiscoveryError
+from driver.discovery.nic.scan import NicDiscoveryError
 from driver.node import netlink, rtnl
 from driver.node.rtnl import Link
 from driver.wakepipe import WakePipe

@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from cdi import is_dns_label
-from driver.discovery.gpu_attributes import MIB, binary_quantity, fit_limits
+from driver.discovery.gpu.attributes import MIB, binary_quantity, fit_limits
 from driver.model import AttrValue, Device, DeviceKind, GpuInfo
 from driver.node.nvml import (
     ERROR_INVALID_ARGUMENT,

@@ -3,7 +3,7 @@
 `GpuDiscovery.discover()` is a full, stateless rediscovery, cheap enough for a slow period and for
 on-demand calls (hot-plug, MIG reconfiguration). Each call brackets its work with
 `nvmlInit`/`nvmlShutdown` (`driver.node.nvml`). When `nvmlInit` fails (driver not loaded yet,
-library missing) `NvmlUnavailable` is raised and retrying is the caller's job (driver.refresh).
+library missing) `NvmlUnavailable` is raised and retrying is the caller's job (driver.inventory.sources).
 
 Every NVML call about one GPU is isolated: a GPU whose identity (minor number, UUID, MIG mode)
 cannot be read is skipped, an optional property that fails is left out, and both are logged in one
@@ -23,8 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from driver.discovery.dynamic_mig import DynamicMigReader, publish, tandems
-from driver.discovery.gpu_attributes import (
+from driver.discovery.gpu.attributes import (
     ARCHITECTURES,
     BRANDS,
     binary_quantity,
@@ -32,9 +31,10 @@ from driver.discovery.gpu_attributes import (
     fit_limits,
     semver,
 )
+from driver.discovery.gpu.dynamic_mig import DynamicMigReader, publish, tandems
+from driver.discovery.gpu.mig import MigReader
+from driver.discovery.gpu.shared import shareable
 from driver.discovery.gpudirect import gpu_attributes, read_gpudirect
-from driver.discovery.mig import MigReader
-from driver.discovery.shared_gpu import shareable
 from driver.discovery.topology import Topology, pci_bus_id, topology
 from driver.model import AttrValue, Device, DeviceKind, GpuInfo, MigPlacement, Version
 from driver.node.nvml import (
@@ -83,7 +83,7 @@ class GpuDiscovery:
         self.dynamic_mig = dynamic_mig
         self.owned_placements = owned_placements
         self.mig_generation = mig_generation
-        self.gpu_sharing = gpu_sharing  # full GPUs published for sharing (`driver.discovery.shared_gpu`)
+        self.gpu_sharing = gpu_sharing  # full GPUs published for sharing (`driver.discovery.gpu.shared`)
         # Last devices published per GPU (PCI address): a GPU that stops answering NVML but is
         # still on the PCI bus (fallen off after XID 79, wedged) stays published, so the health
         # monitor's gpu-lost taint stays on it and evicts its pods instead of vanishing with it.
@@ -237,7 +237,7 @@ class _Session:
         return bdf, [shareable(whole) if self.config.gpu_sharing(minor, uuid) else whole]
 
     def _dynamic(self, where: str, handle: Any, whole: Device, common: dict[str, AttrValue]) -> list[Device]:
-        """A dynamic-MIG GPU (`driver.discovery.dynamic_mig`); its MIG devices alone when NVML cannot
+        """A dynamic-MIG GPU (`driver.discovery.gpu.dynamic_mig`); its MIG devices alone when NVML cannot
         tell its profiles, placements or instances."""
         assert whole.gpu is not None
         minor, uuid, bdf = whole.gpu.minor, whole.gpu.uuid, whole.gpu.pci_bus_id

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from driver.config import NicExclusions
-from driver.discovery.nic_sysfs import BDF, BROKEN, NicError, pci_function_dir, read, read_int, read_or_empty
+from driver.discovery.nic.sysfs import BDF, BROKEN, NicError, pci_function_dir, read, read_int, read_or_empty
 from driver.errors import NodeError
 from driver.node import netlink
 from driver.node.rtnl import ARPHRD_LOOPBACK, Link

@@ -14,8 +14,8 @@ Signals, per NIC in the inventory:
   this condition, NoExecute by default like the GPU's `gpu-lost`, evicts the pods that hold a NIC
   that no longer exists instead of leaving it healthy. It clears when the function is back.
 
-What a state means and how long it must hold (the debounce) is `nic_signals`; what is kept per
-NIC and the conditions its settled faults make, `nic_conditions`. This module follows the
+What a state means and how long it must hold (the debounce) is `signals`; what is kept per
+NIC and the conditions its settled faults make, `conditions`. This module follows the
 inventory's NICs, reads their signals and publishes those conditions, in one thread ("nic-health").
 
 A NIC whose netdev is not visible (`NicInfo.present` False: moved into a pod, which the inventory
@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from driver.backoff import Backoff, Retry
-from driver.health.link_sysfs import LinkSysfs
-from driver.health.nic_conditions import NicConditions, NicView, WatchedNic
-from driver.health.nic_signals import FUNCTION_GONE, Debounced, link_fault
-from driver.inventory import Inventory
+from driver.health.nic.conditions import NicConditions, NicView, WatchedNic
+from driver.health.nic.link_sysfs import LinkSysfs
+from driver.health.nic.signals import FUNCTION_GONE, Debounced, link_fault
+from driver.inventory.store import Inventory
 from driver.model import Condition, DeviceKind, TaintEffect
 from driver.node import netlink, rtnl
 from driver.node.rtnl import LinkEvent, LinkState

@@ -1,13 +1,13 @@
 """What the NIC health monitor keeps of each NIC it watches, and the conditions that makes.
 
 Per NIC: the parts of its inventory entry that are watched, one debounced signal each for its
-link, its RDMA ports and its PCI function (`nic_signals`), and the conditions last published.
+link, its RDMA ports and its PCI function (`signals`), and the conditions last published.
 Conditions: `<domain>/link-down`, `<domain>/rdma-port-down` and `<domain>/nic-lost`, one for
 each signal whose fault has settled, with the taint effect the node configured (NoSchedule by
 default, NoExecute for `nic-lost`) and a message that says which netdev, RDMA device or PCI
 function and since when.
 
-Kept apart from the monitor's thread (`driver.health.nic`), which reads the signals and
+Kept apart from the monitor's thread (`driver.health.nic.monitor`), which reads the signals and
 publishes, so that what a settled fault looks like as a condition is read in one place.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from driver.health.nic_signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN, Debounced, Fault
+from driver.health.nic.signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN, Debounced, Fault
 from driver.model import Condition, NicInfo, TaintEffect
 from driver.resource_api import rfc3339
 

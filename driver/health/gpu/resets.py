@@ -1,11 +1,11 @@
 """Evidence that a GPU was reset, for the conditions that clear only on it.
 
-A reset-class XID (`gpu_policy.RESET_XIDS`: 48 double-bit ECC, 79 fallen off the bus, ...) on a
+A reset-class XID (`policy.RESET_XIDS`: 48 double-bit ECC, 79 fallen off the bus, ...) on a
 driver or GPU that reports no recovery action has nothing that says when the GPU is well again:
 NVML has no reset counter, and a quiet period without a new XID proves only that nothing ran into
 the fault again. So such a condition is held until there is evidence (`HealthState.clear_reset`):
 
-* `tandemctl reacquire` of a released GPU (`gpu_release`): a release is the window Tandem opens for
+* `tandemctl reacquire` of a released GPU (`release`): a release is the window Tandem opens for
   `nvidia-smi -r` (a reset needs nobody holding the GPU), so release-then-reacquire is the reset path;
 * `tandemctl clear <device> --reason` (`GpuReleases.clear`): the operator's word, kept with who,
   why and when in `<data dir>/cleared.json`;
@@ -13,7 +13,7 @@ the fault again. So such a condition is held until there is evidence (`HealthSta
   GPU is reset or re-enumerated) answering again. A GPU that leaves the inventory and comes back
   under its UUID starts clean anyway: what was known of it is forgotten (`GpuConditions.forget_gone`).
 
-A held condition outlives a restart of the daemon (`gpu_held`); a reboot is evidence.
+A held condition outlives a restart of the daemon (`held`); a reboot is evidence.
 
 Process-wide, like `node.nvml.NVML_ACCESS`: the status socket and the releases on one side and the
 monitor's thread on the other are built apart. Pending evidence is kept per GPU (the latest), so

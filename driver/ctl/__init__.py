@@ -1,0 +1,1 @@
+"""`tandemctl`: the SRE's command line, a client of the status socket."""

@@ -1,0 +1,1 @@
+"""GPU discovery through NVML: full GPUs, MIG devices, shared and dynamic-MIG GPUs."""

@@ -1,0 +1,1 @@
+"""RDMA NIC discovery through netlink and sysfs, and the watcher that reruns it."""

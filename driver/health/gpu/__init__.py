@@ -1,0 +1,1 @@
+"""GPU health: NVML events and probes become conditions that come and go."""

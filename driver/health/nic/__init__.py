@@ -1,0 +1,1 @@
+"""NIC health: link and RDMA port state become conditions that come and go."""
