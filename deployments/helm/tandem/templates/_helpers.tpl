@@ -21,6 +21,65 @@ one cluster-wide object. The DeviceClasses are named after the driver instead (g
 {{- include "tandem.fullname" . }}-driver
 {{- end -}}
 
+{{/*
+The labels every object of the chart carries (helm create's and Bitnami's set). The name is the
+chart's own, never nameOverride (which names objects only): selectors written with it, the
+DaemonSet's immutable one among them, must not move with a value.
+*/}}
+{{- define "tandem.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "tandem.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{/*
+What tells this release's objects from another's: a selector built from these (the metrics
+Service's and the ServiceMonitor's, with a component) picks this release's pods only, even beside
+another release in the same namespace.
+*/}}
+{{- define "tandem.selectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}
+
+{{/*
+The DaemonSet's spec.selector: 0.1.0's plain manifest's, to the letter, without the release.
+Kubernetes refuses any change to a DaemonSet's selector ("field is immutable"), so a selector with
+app.kubernetes.io/instance would fail both `helm upgrade --take-ownership` from 0.1.0's DaemonSet
+and `kubectl replace` back to it (docs/deployment.md, 'Labels and selectors'). Two releases in one
+namespace still keep to their own pods: the DaemonSet controller acts on the pods it owns
+(ownerReferences), and everything else selects with tandem.selectorLabels. The pods carry both.
+*/}}
+{{- define "tandem.kubeletPluginSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/component: kubelet-plugin
+{{- end -}}
+
+{{/*
+The exec of the driver container's probes: a shell test of the probe file the daemon's main loop
+rewrites every 10 s (`<valid until> <ready|unready|dead> <why>`, named by POD_UID); no Python
+starts. The argument is what the verdict must be: "alive" (anything but dead: liveness, start-up)
+or "ready" (readiness). The daemonset template says why each probe wants which.
+*/}}
+{{- define "tandem.probe" -}}
+exec:
+  command:
+    - sh
+    - -c
+    - |
+      f="$KUBELET_PLUGINS_DIRECTORY_PATH/$DRIVER_NAME/probe${POD_UID:+-$POD_UID}"
+      read -r until verdict why < "$f" || exit 1
+      [ "$(date +%s)" -le "$until" ] || { echo "$f: verdict expired at $until: the daemon stopped refreshing it"; exit 1; }
+      {{- if eq . "ready" }}
+      [ "$verdict" = ready ] || { echo "not ready: $why"; exit 1; }
+      {{- else if eq . "alive" }}
+      [ "$verdict" != dead ] || { echo "not alive: $why"; exit 1; }
+      {{- else }}
+      {{- fail (printf "tandem.probe: %q is neither \"alive\" nor \"ready\"" .) }}
+      {{- end }}
+{{- end -}}
+
 {{- define "tandem.image" -}}
 {{- $tag := default .Chart.AppVersion .Values.image.tag -}}
 {{- if .Values.image.digest -}}
