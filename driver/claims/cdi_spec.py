@@ -78,13 +78,13 @@ import logging
 import re
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import cdi
 from driver.claims.device_nodes import DeviceNodeError, DeviceNodes
 from driver.claims.nic.setup import needs_setup, setup_hook
-from driver.claims.opaque_config import RequestConfig
+from driver.claims.planned import PlannedDevice
 from driver.claims.vocabulary import PairRule
 from driver.discovery.pcie import PCIE_SWITCH, shared_nodes
 from driver.discovery.pcie import distance as pcie_distance
@@ -109,19 +109,6 @@ _ENV_UNSAFE = re.compile(r"[^A-Z0-9_]")
 
 class ClaimSpecError(InvalidInput):
     """The claim's devices cannot be described as one consistent CDI spec; fails the claim."""
-
-
-@dataclass(frozen=True)
-class PlannedDevice:
-    device: Device  # from the inventory (attributes, gpu/nic info)
-    request_names: tuple[str, ...]
-    config: RequestConfig
-    share_id: str | None = None
-    # Consumable capacity: what this share consumed, and the environment and mounts its sharing
-    # strategy adds to the device (MPS limits and pipe directory, `driver.claims.gpu.sharing`).
-    consumed: dict[str, str] = field(default_factory=dict)
-    share_env: tuple[tuple[str, str], ...] = ()
-    share_mounts: tuple[cdi.Mount, ...] = ()
 
 
 def claim_vendor(driver_name: str) -> str:

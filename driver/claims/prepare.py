@@ -48,7 +48,7 @@ from driver.claims.allocation import (
     consumer_pods,
     validate_ref,
 )
-from driver.claims.cdi_spec import ClaimSpecError, PlannedDevice, claim_spec, pairing_metadata, pod_pairs
+from driver.claims.cdi_spec import ClaimSpecError, claim_spec, pairing_metadata, pod_pairs
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord, InstanceLock
 from driver.claims.device_nodes import DeviceNodes
 from driver.claims.files import ClaimFiles
@@ -59,6 +59,7 @@ from driver.claims.metadata_format import MetadataDevice, MetadataError, attribu
 from driver.claims.nic.homes import NicHomes
 from driver.claims.nic.modes import check_nic_modes
 from driver.claims.opaque_config import ConfigDecodeError, opaque_entries, resolve
+from driver.claims.planned import PlannedDevice
 from driver.claims.status import current_devices, network_data, status_entries
 from driver.claims.unprepare import Unprepared, Unpreparer
 from driver.claims.vocabulary import PrepareState

@@ -13,8 +13,8 @@ import ipaddress
 from collections.abc import Sequence
 
 from driver.claims.allocation import PrepareSettings
-from driver.claims.cdi_spec import PlannedDevice
 from driver.claims.checkpoint import DeviceRecord
+from driver.claims.planned import PlannedDevice
 from driver.kube.types import AllocatedDeviceStatus, NetworkDeviceData, ResourceClaim
 from driver.resource_api import MAX_NETWORK_IPS
 

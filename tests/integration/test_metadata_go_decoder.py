@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from driver.claims.cdi_spec import PlannedDevice, pairing_metadata, pod_pairs
+from driver.claims.cdi_spec import pairing_metadata, pod_pairs
 from driver.claims.metadata import MetadataWriter
 from driver.claims.metadata_format import MetadataDevice, attributes_json
 from driver.claims.opaque_config import RequestConfig
+from driver.claims.planned import PlannedDevice
 from driver.claims.status import network_data
 from driver.discovery.gpu.discover import GpuDiscovery
 from driver.discovery.nic.discover import NicDiscovery

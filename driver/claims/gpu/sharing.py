@@ -41,10 +41,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import cdi
 from driver.claims.allocation import ClaimError
-from driver.claims.cdi_spec import PlannedDevice
 from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.gpu.mps import MpsDaemons, MpsError
 from driver.claims.gpu.time_slices import TimeSliceError, TimeSlices
+from driver.claims.planned import PlannedDevice
 from driver.claims.vocabulary import Sharing, TimeSliceInterval
 from driver.discovery.gpu.attributes import MIB
 from driver.discovery.gpu.shared import COMPUTE, MEMORY

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from driver.claims.allocation import ClaimError
-from driver.claims.cdi_spec import PlannedDevice
+from driver.claims.planned import PlannedDevice
 from driver.discovery.nic.device import RDMA_NETNS_MODE, SHARES, RdmaNetnsMode
 from driver.model import DeviceKind
 from driver.resource_api import parse_quantity

@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 from driver.backoff import Backoff, Retry
 from driver.claims.allocation import ClaimAPI, ClaimLocks, PrepareSettings
-from driver.claims.cdi_spec import PlannedDevice
 from driver.claims.checkpoint import Checkpoint, ClaimRecord, DeviceRecord
 from driver.claims.metadata import MetadataWriter
 from driver.claims.metadata_format import MetadataDevice, MetadataError, attributes_json
 from driver.claims.opaque_config import RequestConfig
+from driver.claims.planned import PlannedDevice
 from driver.claims.status import current_devices, network_data, status_entries
 from driver.claims.vocabulary import PrepareState
 from driver.kube.api import ApiError, NotFound
