@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,35 @@ def test_reference_citations_name_existing_files_and_sections() -> None:
             if title is not None and title not in headings:
                 problems.append(f"{path.relative_to(REPO)}: {m.group(0)}: no such section")
     assert not problems, problems
+
+
+def _contract_layers() -> list[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())
+    layered = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    assert len(layered) == 1, "pyproject.toml has one layers contract, the one docs/architecture.md draws"
+    return list(layered[0]["layers"])
+
+
+def _drawn_layers() -> list[str]:
+    """The layers block of docs/architecture.md's 'Layers': one layer a line, a note in parentheses."""
+    section = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"^```\n(.*?)^```", section, re.MULTILINE | re.DOTALL)
+    assert block, "docs/architecture.md's 'Layers' has no block of layers"
+    return [re.sub(r"\s+\(.*\)$", "", line).strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_the_layers_drawn_are_the_layers_checked() -> None:
+    assert _drawn_layers() == _contract_layers()
+
+
+def test_every_part_of_driver_sits_in_a_layer() -> None:
+    """A package or root module added to driver/ is placed in the layers, so the contract sees it."""
+    parts = {
+        f"driver.{p.stem if p.is_file() else p.name}"
+        for p in (REPO / "driver").iterdir()
+        if (p.suffix == ".py" and p.stem not in ("__init__", "__main__")) or (p / "__init__.py").is_file()
+    }
+    placed = [name for layer in _contract_layers() for name in re.split(r"\s*[:|]\s*", layer)]
+    assert len(placed) == len(set(placed)), "a part of driver/ sits in two layers"
+    assert sorted(parts - set(placed)) == [], "place these in the layers of pyproject.toml and docs/architecture.md"
+    assert sorted(set(placed) - parts) == [], "these layers name parts that do not exist"
