@@ -13,8 +13,17 @@ from cdi.errors import SpecError
 from cdi.spec import ContainerEdits, Device, Spec
 
 KNOWN_VERSIONS: tuple[str, ...] = (
-    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
-)  # fmt: skip
+    "0.1.0",
+    "0.2.0",
+    "0.3.0",
+    "0.4.0",
+    "0.5.0",
+    "0.6.0",
+    "0.7.0",
+    "0.8.0",
+    "1.0.0",
+    "1.1.0",
+)
 CURRENT_VERSION = "1.1.0"
 FLOOR_VERSION = "0.3.0"
 

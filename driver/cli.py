@@ -91,7 +91,7 @@ def _liveness(ns: argparse.Namespace) -> int:
         return 1
     if ns.ready:
         from driver.ctl.commands import unready_reason
-        from driver.status.server import status_socket_path
+        from driver.status.paths import status_socket_path
 
         reason = unready_reason(status_socket_path(Path(ns.kubelet_plugins_dir) / ns.driver_name), ns.timeout)
         if reason is not None:

@@ -22,7 +22,8 @@ from typing import Any
 
 from driver.claims.allocation import PrepareSettings
 from driver.claims.binding import SOURCE as BINDING_SOURCE
-from driver.claims.binding import PreBinder, PublishedDevices
+from driver.claims.binding import PreBinder
+from driver.claims.binding_conditions import PublishedDevices
 from driver.claims.binding_pods import NominatedPods
 from driver.claims.checkpoint import Checkpoint, DeviceRecord, InstanceLock
 from driver.claims.files import ClaimFiles
@@ -38,9 +39,6 @@ from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
 from driver.claims.usage import ClaimGpuUsage
 from driver.config import Config
-from driver.discovery.gpu.discover import GpuDiscovery
-from driver.discovery.nic.discover import NicDiscovery
-from driver.discovery.nic.watcher import NicWatcher
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
 from driver.health.cordon import CordonStore
@@ -48,7 +46,8 @@ from driver.health.gpu.monitor import GpuHealthMonitor
 from driver.health.gpu.release import GpuReleases
 from driver.health.monitors import build_monitors, health_counters, xid_counts
 from driver.health.nic.monitor import NicHealthMonitor
-from driver.inventory.sources import Coalescer, RefreshLoop, SourceUnavailable
+from driver.inventory.discovery_loops import discovery_loops
+from driver.inventory.sources import Coalescer, RefreshLoop
 from driver.inventory.store import Inventory
 from driver.kube.api import KubeAPI
 from driver.kubelet.health import HealthBroadcaster
@@ -57,12 +56,13 @@ from driver.kubelet.liveness import check as check_alive
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
 from driver.kubelet.server import KubeletServer
 from driver.metrics import Metrics, MetricsServer, ScrapeSources
-from driver.model import Device, DeviceKind, MigPlacement
+from driver.model import MigPlacement
 from driver.node.driver_root import find_driver_files
-from driver.node.nvml import NVML_ACCESS, NvmlReleased, NvmlUnavailable
+from driver.node.nvml import NVML_ACCESS
 from driver.slices.publisher import SlicePublisher
 from driver.status.documents import ClaimFacts
-from driver.status.server import StatusServer, status_socket_path
+from driver.status.paths import status_socket_path
+from driver.status.server import StatusServer
 from driver.version import describe
 
 log = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ class Daemon:
         # Unique per process, not per pod: a container restarted in the same pod must see the
         # prepares its dead predecessor left half done as dead, and roll them back.
         self.instance = InstanceLock(self.data_dir, f"{config.pod_uid or 'local'}-{uuid.uuid4().hex[:8]}")
-        self.driver_files = find_driver_files(config.nvidia_driver_root, config.nvidia_driver_root_host)
+        self._find_driver_files()
         settings = PrepareSettings(
             driver_name=config.driver_name,
             pool=config.node_name,
@@ -100,8 +100,13 @@ class Daemon:
         # change is rediscovered at once (health attribution, the administrator's instances told
         # apart from Tandem's).
         owners = MigOwners(self.data_dir, boot_id())
-        self.partitions = MigPartitions(config.nvidia_driver_root, config.proc_root, owners,
-                                        self.instance.instance_id, on_change=self._rediscover_gpus)  # fmt: skip
+        self.partitions = MigPartitions(
+            config.nvidia_driver_root,
+            config.proc_root,
+            owners,
+            self.instance.instance_id,
+            on_change=self._rediscover_gpus,
+        )
         # Kubernetes Events: failed prepares and device health on claims, health and cordons on the Node.
         self.events = EventRecorder(
             self.api, config.driver_name, config.node_name, self.inventory.devices, claims=self.checkpoint.read
@@ -158,10 +163,12 @@ class Daemon:
             driver_name=config.driver_name,
             node_name=config.node_name,
             get_devices=PublishedDevices(
-                self.inventory.devices, config.driver_name, config.mig_binding_conditions and self.binding is not None,
+                self.inventory.devices,
+                config.driver_name,
+                config.mig_binding_conditions and self.binding is not None,
                 config.nic_binding_conditions,
             ),
-        )  # fmt: skip
+        )
         self.inventory.subscribe(self.publisher.trigger)
         # A prepared NIC's addresses can change later (DHCP, renumbering): follow them into the
         # claim's metadata and status.
@@ -171,11 +178,17 @@ class Daemon:
         self.network_refresh = Coalescer("nic-address-refresh", network_data.run)
         self.inventory.subscribe(self.network_refresh.trigger)
         self.health = HealthBroadcaster(self.inventory, config.node_name)
-        self.metrics = Metrics(self.inventory, ScrapeSources(
-            lambda: self.publisher.stats, lambda: health_counters(self.monitors), lambda: xid_counts(self.monitors),
-            prepared=lambda: len(self.checkpoint.read()), events_dropped=lambda: self.events.dropped,
-            claim_gpus=ClaimGpuUsage(self.checkpoint.read, self.inventory.get, config.nvidia_driver_root).read,
-        ))  # fmt: skip
+        self.metrics = Metrics(
+            self.inventory,
+            ScrapeSources(
+                lambda: self.publisher.stats,
+                lambda: health_counters(self.monitors),
+                lambda: xid_counts(self.monitors),
+                prepared=lambda: len(self.checkpoint.read()),
+                events_dropped=lambda: self.events.dropped,
+                claim_gpus=ClaimGpuUsage(self.checkpoint.read, self.inventory.get, config.nvidia_driver_root).read,
+            ),
+        )
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)
         # `tandemctl release`: GPU resets and driver upgrades need Tandem to let go of NVML; a
         # reacquire rediscovers the GPUs at once (an upgrade changes their attributes).
@@ -191,8 +204,17 @@ class Daemon:
             info=self._status_info,
         )
         self._metrics_server: MetricsServer | None = None
-        self._nic_watcher: NicWatcher | None = None
-        self.sources: list[RefreshLoop] = self._build_sources()
+        discovery = discovery_loops(
+            config,
+            self.inventory,
+            owned_placements=self._owned_placements,
+            mig_generation=self.partitions.generation,
+            gpus_found=self._find_driver_files,
+            allocated_nics=self._allocated_nics,
+            nic_returns=self.nic_homes,
+        )
+        self.sources: list[RefreshLoop] = discovery.loops
+        self._nic_watcher = discovery.nic_watcher
         self.kubelet_server = KubeletServer(config.driver_name, self.dra_socket, self.reg_socket)
 
     def _build_binding(self, settings: PrepareSettings) -> tuple[PreBinder | None, NominatedPods | None]:
@@ -204,88 +226,24 @@ class Daemon:
             return None, None
         nics = [m for m in self.monitors if isinstance(m, NicHealthMonitor)]
         binder = PreBinder(
-            self.api, settings, self.checkpoint, self.partitions, self.preparer.claim_locks,
-            lookup=self.inventory.get, devices=self.inventory.devices,
+            self.api,
+            settings,
+            self.checkpoint,
+            self.partitions,
+            self.preparer.claim_locks,
+            lookup=self.inventory.get,
+            devices=self.inventory.devices,
             taint=lambda name, conds: self.inventory.set_conditions(BINDING_SOURCE, name, conds),
             report=lambda ref, error: self.events.binding_failed(ref.namespace, ref.name, ref.uid, error),
             nic_fault=nics[0].fault_now if nics else lambda _name: None,
             on_ready=lambda seconds: self.metrics.binding_seconds.observe(seconds),
             on_failure=lambda reason: self.metrics.binding_failed(reason),
-        )  # fmt: skip
+        )
         return binder, NominatedPods(self.api, cfg.node_name, binder.want)
 
-    def _build_sources(self) -> list[RefreshLoop]:
-        cfg = self.config
-        sources = []
-        if DeviceKind.GPU in cfg.device_kinds:
-            gpus = GpuDiscovery(
-                sysfs_root=cfg.sysfs_root,
-                list_attributes=cfg.list_attributes,
-                proc_root=cfg.proc_root,
-                driver_root=cfg.nvidia_driver_root,
-                dynamic_mig=cfg.dynamic_mig.selects,
-                owned_placements=self._owned_placements,
-                mig_generation=self.partitions.generation,
-                gpu_sharing=cfg.gpu_sharing.selects,
-            )
-
-            last: list[Device] = []
-
-            def discover_gpus():  # type: ignore[no-untyped-def]
-                nonlocal last
-                try:
-                    last = gpus.discover()
-                    # A driver upgrade changes the user-space files; pick them up with the GPUs.
-                    self.driver_files = find_driver_files(cfg.nvidia_driver_root, cfg.nvidia_driver_root_host)
-                    return last
-                except NvmlReleased:
-                    return last  # an SRE released NVML or a GPU: the devices stay as last found
-                except NvmlUnavailable as e:
-                    raise SourceUnavailable(str(e)) from e
-
-            sources.append(RefreshLoop("gpu", discover_gpus, self.inventory, cfg.rediscover_period))
-        if DeviceKind.NIC in cfg.device_kinds:
-            use_netlink = cfg.nic_link_source == "netlink"
-            nics = NicDiscovery(
-                sysfs_root=cfg.sysfs_root,
-                list_attributes=cfg.list_attributes,
-                netns=cfg.netns or None,
-                exclude=cfg.exclude_nics,
-                netlink=use_netlink,
-                link_hold=cfg.link_debounce,
-                proc_root=cfg.proc_root,
-                shares=cfg.nic_shares,
-                link_events=lambda ifname: self._nic_watcher.link_events(ifname) if self._nic_watcher else 0,
-                home_names=self.nic_homes.home_names if self.nic_homes is not None else dict,
-            )
-
-            def discover_nics() -> list[Device]:
-                devices = nics.discover(keep=self._allocated_nics)
-                if self.nic_homes is not None and self.nic_homes.restore(nics.host_netdevs(), self._allocated_nics()):
-                    devices = nics.discover(keep=self._allocated_nics)  # as given back
-                return devices
-
-            loop = RefreshLoop(
-                "nic",
-                discover_nics,
-                self.inventory,
-                cfg.rediscover_period,
-                wake_at=lambda: nics.pending_until,
-            )
-            sources.append(loop)
-            # Link and address events that may concern a NIC, and default-route changes,
-            # rediscover within a second, coalesced; the loop's period catches anything netlink
-            # did not say (so the watcher keeps no timer of its own: it would only add a
-            # rediscovery per period).
-            self._nic_watcher = NicWatcher(
-                loop.trigger,
-                netns=cfg.netns or None,
-                resync_period=None,
-                netlink=use_netlink,
-                may_be_nic=nics.may_be_nic,
-                is_nic=nics.is_nic,
-            )
-        return sources
+    def _find_driver_files(self) -> None:
+        """The NVIDIA user-space files, found again with every GPU discovery: a driver upgrade changes them."""
+        self.driver_files = find_driver_files(self.config.nvidia_driver_root, self.config.nvidia_driver_root_host)
 
     def _rediscover_gpus(self) -> None:
         """After a MIG partition was made or destroyed: the prepare (unprepare) answers only once

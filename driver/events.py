@@ -245,8 +245,13 @@ class EventRecorder:
                     self._send(occurrence, at)
                 except Exception as e:  # an event is never worth more than a log line
                     self._count_dropped()
-                    log.info("event %s on %s/%s not sent: %s", occurrence.reason, occurrence.regarding.kind,
-                             occurrence.regarding.name, e)  # fmt: skip
+                    log.info(
+                        "event %s on %s/%s not sent: %s",
+                        occurrence.reason,
+                        occurrence.regarding.kind,
+                        occurrence.regarding.name,
+                        e,
+                    )
 
     def _snapshot(self) -> dict[str, tuple[Health, bool]]:
         cordoned = f"{self._controller}/cordoned"

@@ -74,8 +74,9 @@ class Parser(argparse.ArgumentParser):
         return ns, rest
 
 
-def _flag(p: Parser, *names: str, env: str, default: str, help: str, convert: Callable[[str], Any] = str,
-          **kwargs: Any) -> None:  # fmt: skip
+def _flag(
+    p: Parser, *names: str, env: str, default: str, help: str, convert: Callable[[str], Any] = str, **kwargs: Any
+) -> None:
     """A flag that falls back to `env`. Without an explicit action the command-line value goes
     through `convert` as well; actions (count, append, store_const) say how to convert the
     environment's text in `convert`."""
@@ -333,8 +334,18 @@ class _Verbosity(argparse.Action):
 
 
 def add_log_flags(p: Parser) -> None:
-    _flag(p, "-v", "--verbose", "--v", env="VERBOSITY", default="0", convert=_count, action=_Verbosity,
-          metavar="N", help="more logging: -v, -vv, or a level as klog takes it (-v=4)")  # fmt: skip
+    _flag(
+        p,
+        "-v",
+        "--verbose",
+        "--v",
+        env="VERBOSITY",
+        default="0",
+        convert=_count,
+        action=_Verbosity,
+        metavar="N",
+        help="more logging: -v, -vv, or a level as klog takes it (-v=4)",
+    )
     _flag(p, "--log-format", env="LOG_FORMAT", default="text", convert=_choice("text", "json"), help="text or json")
 
 

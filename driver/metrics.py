@@ -178,9 +178,10 @@ class _ScrapeCollector(Collector):
     def _health_families(self) -> Iterator[Metric]:
         if self._sources.xids is not None:
             xids = CounterMetricFamily(
-                "tandem_gpu_xids", "XID events seen by the GPU health monitor, by XID (known ones; others as 'other').",
+                "tandem_gpu_xids",
+                "XID events seen by the GPU health monitor, by XID (known ones; others as 'other').",
                 labels=["xid"],
-            )  # fmt: skip
+            )
             for code, n in sorted(self._sources.xids().items()):
                 xids.add_metric([code], float(n))
             yield xids
@@ -198,27 +199,33 @@ class _ScrapeCollector(Collector):
     def _other_families(self) -> Iterator[Metric]:
         if self._sources.prepared is not None:
             yield GaugeMetricFamily(
-                "tandem_prepared_claims", "Claims prepared on this node (the checkpoint's records).",
+                "tandem_prepared_claims",
+                "Claims prepared on this node (the checkpoint's records).",
                 value=float(self._sources.prepared()),
-            )  # fmt: skip
+            )
         if self._sources.events_dropped is not None:
             yield CounterMetricFamily(
-                "tandem_events_dropped", "Kubernetes Events not sent: refused by the API server, failed, or "
-                "dropped by the full queue or the per-object rate limit.", value=float(self._sources.events_dropped()),
-            )  # fmt: skip
+                "tandem_events_dropped",
+                "Kubernetes Events not sent: refused by the API server, failed, or "
+                "dropped by the full queue or the per-object rate limit.",
+                value=float(self._sources.events_dropped()),
+            )
 
     def _claim_gpu_families(self) -> Iterator[Metric]:
         """One series per pod, claim and GPU or MIG device, only while the claim is prepared."""
         if self._sources.claim_gpus is None:
             return
         utilization = GaugeMetricFamily(
-            "tandem_claim_gpu_utilization_ratio", "Fraction of NVML's last sample period in which a kernel ran on "
-            "the claim's GPU (the whole GPU, shared or not; none on MIG devices).", labels=CLAIM_GPU_LABELS,
-        )  # fmt: skip
-        used = GaugeMetricFamily(
-            "tandem_claim_gpu_memory_used_bytes", "Memory in use on the claim's GPU or MIG device.",
+            "tandem_claim_gpu_utilization_ratio",
+            "Fraction of NVML's last sample period in which a kernel ran on "
+            "the claim's GPU (the whole GPU, shared or not; none on MIG devices).",
             labels=CLAIM_GPU_LABELS,
-        )  # fmt: skip
+        )
+        used = GaugeMetricFamily(
+            "tandem_claim_gpu_memory_used_bytes",
+            "Memory in use on the claim's GPU or MIG device.",
+            labels=CLAIM_GPU_LABELS,
+        )
         total = GaugeMetricFamily(
             "tandem_claim_gpu_memory_total_bytes", "Memory of the claim's GPU or MIG device.", labels=CLAIM_GPU_LABELS
         )
@@ -315,16 +322,20 @@ class Metrics:
             registry=self.registry,
         )
         self._binding_failures = Counter(
-            "tandem_binding_failures", "Claims whose devices could not be made ready before binding, by reason.",
-            ["reason"], registry=self.registry,
-        )  # fmt: skip
+            "tandem_binding_failures",
+            "Claims whose devices could not be made ready before binding, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
         for reason in BINDING_FAILURE_REASONS:
             self._binding_failures.labels(reason)
         version, commit = build()
         Gauge(
-            "tandem_build_info", "1, labelled with this build's version and commit.", ["version", "commit"],
+            "tandem_build_info",
+            "1, labelled with this build's version and commit.",
+            ["version", "commit"],
             registry=self.registry,
-        ).labels(version, commit).set(1)  # fmt: skip
+        ).labels(version, commit).set(1)
         # Series exist from the start, so rate() and alerts see a 0 before the first call; each
         # op's children are kept (a fixed set) so a call does not look its labels up again.
         self._series = {

@@ -26,8 +26,10 @@ it is Tandem's (`driver.claims.gpu.mig_owners`). While the claim waits, `PreBind
 claim deleted, replaced or deallocated (the pod deleted, a failure elsewhere in the pod) has its
 partitions destroyed. A kill -9 at any step leaves the note: start-up destroys partitions noted
 for claims without a record (`MigPartitions.collect`), and the claim, still nominated, is made
-ready again by the new instance. Over 400 lines on purpose: the worker's three duties (make
-ready, follow what it made, expire its taints) share one lock and one loop.
+ready again by the new instance.
+
+Which devices carry binding conditions, and what the claim's status says of them, are pure and
+live in `driver.claims.binding_conditions`; this module is the worker.
 """
 
 from __future__ import annotations
@@ -36,17 +38,18 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Protocol
 
 from driver.claims.allocation import ClaimLocks, ClaimRef, PrepareSettings
+from driver.claims.binding_conditions import ConditionTypes, binding_results, decided, status_entries
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.gpu.mig import MigError, MigPartitions
 from driver.errors import ApiServerError, DeviceError
-from driver.kube.api import KubeAPI, NotFound
+from driver.kube.api import NotFound
 from driver.kube.types import AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim
 from driver.logs import log_context
 from driver.model import BINDING_FAILURE_REASONS, Condition, Device, Health, TaintEffect
-from driver.resource_api import rfc3339
 
 log = logging.getLogger(__name__)
 
@@ -60,61 +63,16 @@ class NotReady(DeviceError):
     """A device cannot be made ready for its pod: gone, unhealthy, or its link down."""
 
 
-@dataclass(frozen=True)
-class ConditionTypes:
-    """The condition types of one driver name (condition types are label names: a domain we own)."""
+class BindingAPI(Protocol):
+    """What the binding worker needs of the API server (`driver.kube.api.KubeAPI`)."""
 
-    partition_ready: str
-    partition_failed: str
-    nic_ready: str
-    nic_failed: str
+    def get_claim(self, namespace: str, name: str) -> ResourceClaim: ...
 
-    @classmethod
-    def of(cls, driver_name: str) -> ConditionTypes:
-        d = driver_name
-        return cls(f"{d}/partition-ready", f"{d}/partition-failed", f"{d}/nic-ready", f"{d}/nic-failed")
-
-    def for_device(self, device: Device) -> tuple[str, str] | None:
-        """(ready, failed) for a device that carries binding conditions, else None."""
-        if device.gpu is not None and device.gpu.placement is not None:
-            return self.partition_ready, self.partition_failed
-        if device.nic is not None:
-            return self.nic_ready, self.nic_failed
-        return None
-
-
-def with_binding_conditions(devices: Sequence[Device], driver_name: str, mig: bool, nic: bool) -> list[Device]:
-    """The devices as published: dynamic-MIG partitions (`mig`, the whole GPU of a dynamic-MIG
-    GPU too: it is made as its one GPU instance) and NICs (`nic`) with binding conditions. Other
-    GPUs, MIG devices an administrator made and shared GPUs get none: nothing slow happens
-    before their use."""
-    types = ConditionTypes.of(driver_name)
-    out = []
-    for d in devices:
-        pair = types.for_device(d)
-        wanted = pair is not None and (mig if d.gpu is not None else nic)
-        out.append(
-            replace(d, binding_conditions=(pair[0],), binding_failure_conditions=(pair[1],)) if wanted and pair else d
-        )
-    return out
-
-
-class PublishedDevices:
-    """`with_binding_conditions` over `devices()`, for the slice publisher: while the inventory
-    hands out the same device objects, the same marked copies come back, so the publisher's
-    check that nothing changed stays a comparison by identity, not by value of every device."""
-
-    def __init__(self, devices: Callable[[], list[Device]], driver_name: str, mig: bool, nic: bool) -> None:
-        self._devices = devices
-        self._args = (driver_name, mig, nic)
-        self._seen: list[Device] = []
-        self._marked: list[Device] = []
-
-    def __call__(self) -> list[Device]:
-        current = self._devices()
-        if len(current) != len(self._seen) or any(a is not b for a, b in zip(current, self._seen, strict=True)):
-            self._seen, self._marked = current, with_binding_conditions(current, *self._args)
-        return list(self._marked)
+    def apply_claim_status(
+        self, namespace: str, name: str, devices: list[AllocatedDeviceStatus], field_manager: str, *, uid: str
+    ) -> None:
+        """`uid` is required: with it the server refuses to write to a claim that was deleted and
+        recreated under the same name, so a late call about the old claim cannot touch the new one."""
 
 
 @dataclass
@@ -139,7 +97,7 @@ class PreBinder:
 
     def __init__(
         self,
-        api: KubeAPI,
+        api: BindingAPI,
         settings: PrepareSettings,
         checkpoint: Checkpoint,
         partitions: MigPartitions,
@@ -265,12 +223,12 @@ class PreBinder:
         allocation = (claim.get("status") or {}).get("allocation")
         if not allocation:
             return False  # the scheduler writes it in PreBind, after nominating the pod
-        results = self._ours(claim)
+        results = binding_results(claim, self._s)
         if not results or uid in self._checkpoint.read():
             return True
         ref = ClaimRef(namespace, name, uid)
-        decided = self._decided(claim, results)
-        if decided == "failed":
+        state = decided(claim, results, self._s)
+        if state == "failed":
             return True
         started = self._clock()
         with self._locks.hold(uid):
@@ -284,37 +242,17 @@ class PreBinder:
                 return True
             with self._cond:  # followed from now on: a claim gone before the apply lands loses its partitions
                 self._made[uid] = _Made(ref, self._clock() + RECHECK_PERIOD)
-            if decided != "ready":
+            if state != "ready":
                 self._api.apply_claim_status(
-                    namespace, name, self._entries(results, ready=True, reason="Ready", message=""),
-                    self._manager, uid=uid,
-                )  # fmt: skip
+                    namespace,
+                    name,
+                    status_entries(results, ready=True, reason="Ready", message="", pool=self._s.pool),
+                    self._manager,
+                    uid=uid,
+                )
                 log.info("binding conditions of claim %s/%s are True", namespace, name)
                 self._on_ready(self._clock() - started)
         return True
-
-    def _ours(self, claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
-        results = (((claim.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
-        return [
-            r for r in results
-            if r.get("driver") == self._s.driver_name and r.get("pool") == self._s.pool and r.get("bindingConditions")
-        ]  # fmt: skip
-
-    def _decided(self, claim: ResourceClaim, results: Sequence[DeviceRequestAllocationResult]) -> str:
-        """ "ready" when every result's binding conditions are True already (an earlier instance
-        set them), "failed" when a failure condition is, else ""."""
-        entries = {
-            (e.get("device"), e.get("shareID")): {c.get("type"): c.get("status") for c in e.get("conditions") or []}
-            for e in (claim.get("status") or {}).get("devices") or []
-            if e.get("driver") == self._s.driver_name and e.get("pool") == self._s.pool
-        }
-        ready = True
-        for r in results:
-            conds = entries.get((r["device"], r.get("shareID")), {})
-            if any(conds.get(t) == "True" for t in r.get("bindingFailureConditions") or []):
-                return "failed"
-            ready = ready and all(conds.get(t) == "True" for t in r.get("bindingConditions") or [])
-        return "ready" if ready else ""
 
     def _make_ready(self, uid: str, result: DeviceRequestAllocationResult) -> None:
         device = self._lookup(result["device"])
@@ -347,36 +285,12 @@ class PreBinder:
         self._taint_devices(results, reason, message)
         self._report(ref, message)
         self._api.apply_claim_status(
-            ref.namespace, ref.name, self._entries(results, ready=False, reason=reason, message=message),
-            self._manager, uid=ref.uid,
-        )  # fmt: skip
-
-    def _entries(
-        self, results: Sequence[DeviceRequestAllocationResult], ready: bool, reason: str, message: str
-    ) -> list[AllocatedDeviceStatus]:
-        now = rfc3339()
-        out: list[AllocatedDeviceStatus] = []
-        for r in results:
-            kinds = r.get("bindingConditions") if ready else r.get("bindingFailureConditions")
-            entry: AllocatedDeviceStatus = {
-                "driver": r["driver"],
-                "pool": r["pool"],
-                "device": r["device"],
-                "conditions": [
-                    {
-                        "type": t,
-                        "status": "True",
-                        "reason": reason,
-                        "message": message or f"ready on node {self._s.pool}",
-                        "lastTransitionTime": now,
-                    }
-                    for t in kinds or []
-                ],
-            }
-            if r.get("shareID"):
-                entry["shareID"] = r["shareID"]
-            out.append(entry)
-        return out
+            ref.namespace,
+            ref.name,
+            status_entries(results, ready=False, reason=reason, message=message, pool=self._s.pool),
+            self._manager,
+            uid=ref.uid,
+        )
 
     def _taint_devices(self, results: Sequence[DeviceRequestAllocationResult], reason: str, message: str) -> None:
         """The failed GPU's every published device (its partitions and the whole GPU), or the NIC."""
@@ -417,7 +331,7 @@ class PreBinder:
         if not done:
             try:
                 claim = self._api.get_claim(ref.namespace, ref.name)
-                alive = (claim.get("metadata") or {}).get("uid") == uid and bool(self._ours(claim))
+                alive = (claim.get("metadata") or {}).get("uid") == uid and bool(binding_results(claim, self._s))
             except NotFound:
                 alive = False
             except ApiServerError as e:
@@ -426,8 +340,11 @@ class PreBinder:
             if not alive:
                 with self._locks.hold(uid):
                     if uid not in self._checkpoint.read():
-                        log.info("claim %s/%s went before its pod started: destroying its partitions",
-                                 ref.namespace, ref.name)  # fmt: skip
+                        log.info(
+                            "claim %s/%s went before its pod started: destroying its partitions",
+                            ref.namespace,
+                            ref.name,
+                        )
                         try:
                             self._partitions.destroy(uid)
                         except MigError as e:

@@ -148,9 +148,14 @@ def _size(parameters: dict[str, Any]) -> int:
 
 # A JSON value's type as its author would name it.
 _JSON_TYPES: dict[type, str] = {
-    bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "an object",
+    bool: "a boolean",
+    int: "an integer",
+    float: "a number",
+    str: "a string",
+    list: "a list",
+    dict: "an object",
     type(None): "null",
-}  # fmt: skip
+}
 
 
 def _json_type(value: object) -> str:

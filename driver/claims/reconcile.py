@@ -65,8 +65,12 @@ class Reconciler:
                         del claims[uid]
                 elif record.state == PrepareState.COMPLETED and uid not in specs and any(d.mig for d in record.devices):
                     # Unprepare removes the files first: its MIG devices are finished off now.
-                    log.warning("finishing an unprepare of claim %s/%s interrupted by a crash", record.namespace,
-                                record.name, extra={**_CTX, "claim": uid})  # fmt: skip
+                    log.warning(
+                        "finishing an unprepare of claim %s/%s interrupted by a crash",
+                        record.namespace,
+                        record.name,
+                        extra={**_CTX, "claim": uid},
+                    )
                     if self._destroy_partitions(record):
                         del claims[uid]
             # A claim is prepared on this node exactly while its CDI spec exists; without one,
@@ -86,8 +90,13 @@ class Reconciler:
         try:
             self._partitions.destroy(record.uid, [d.mig for d in record.devices if d.mig is not None])
         except MigError as e:
-            log.error("claim %s/%s: %s; its record is kept", record.namespace, record.name, e,
-                      extra={**_CTX, "claim": record.uid})  # fmt: skip
+            log.error(
+                "claim %s/%s: %s; its record is kept",
+                record.namespace,
+                record.name,
+                e,
+                extra={**_CTX, "claim": record.uid},
+            )
             return False
         return True
 

@@ -6,6 +6,10 @@ tell the three answers apart: 0 ok/healthy, 1 degraded, unhealthy or a refused r
 error (argparse's own), 3 daemon unreachable. Expected failures are one line on stderr, never a
 traceback. Output is a table, `-o wide`, or `-o json` (`--json`: the endpoint's document;
 `driver.ctl.render`). The readiness probe asks through `unready_reason`.
+
+What the daemon answers is JSON from another process: each answer becomes its document
+(`driver.status.shapes`) in one place, `_checked`, and one that does not fit is told as an
+unusable answer (exit 3), saying where, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,22 +20,38 @@ import json
 import os
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
-from driver.ctl.render import OUTPUTS, RENDER, text
+from driver.ctl.render import OUTPUTS, render_claim, render_claims, render_devices, render_health, text
 from driver.errors import EndpointError
 from driver.health.gpu.release import RELEASE_TIMEOUT
 from driver.kubelet.liveness import unready
-from driver.status.server import status_socket_path
+from driver.status.paths import status_socket_path
+from driver.status.shapes import (
+    ClaimDoc,
+    ClaimsDoc,
+    ClearAnswer,
+    CordonAnswer,
+    DevicesDoc,
+    ErrorDoc,
+    HealthDoc,
+    ReacquireAnswer,
+    ReleaseAnswer,
+    UncordonAnswer,
+    checked,
+)
 from driver.version import add_version_flag
 
 EXIT_OK = 0
 EXIT_DEGRADED = 1  # also: unhealthy, or the daemon refused the request
 EXIT_USAGE = 2  # what argparse exits with
 EXIT_UNREACHABLE = 3
+READS = ("devices", "claims", "claim", "health")  # the commands that print a document
+
+D = TypeVar("D")
 
 
 class Unreachable(EndpointError):
@@ -54,8 +74,8 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def request(sock: Path, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, Any]:
-    """One request to the status socket: (HTTP status, decoded JSON)."""
+def request(sock: Path, method: str, path: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, object]:
+    """One request to the status socket: (HTTP status, decoded JSON, not yet checked: `_checked`)."""
     conn = _UnixConnection(sock, timeout)
     try:
         data = json.dumps(body).encode() if body is not None else None
@@ -85,9 +105,21 @@ def unready_reason(sock: Path, timeout: float) -> str | None:
         status, doc = request(sock, "GET", "/health", None, timeout)
     except Unreachable as e:
         return str(e)
-    if status != 200 or not isinstance(doc, dict):
+    if status != 200:
         return f"the daemon's /health answered HTTP {status}"
-    return unready(doc)
+    try:
+        health = checked(HealthDoc, doc)
+    except TypeError as e:
+        return f"the daemon's /health answered an unexpected document: {e}"
+    return unready(dict(health))
+
+
+def _checked(shape: type[D], doc: object, sock: Path) -> D:
+    """The daemon's answer as the document `shape` (`driver.status.shapes`), once it fits."""
+    try:
+        return checked(shape, doc)
+    except TypeError as e:
+        raise Unreachable(f"the daemon at {sock} answered with an unexpected document: {e}") from e
 
 
 def _who() -> str:
@@ -152,51 +184,72 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(ns: argparse.Namespace, sock: Path) -> int:
+def _ask(ns: argparse.Namespace, sock: Path) -> tuple[int, object]:
     if ns.command == "claim":
-        status, doc = request(sock, "GET", f"/claims/{quote(ns.claim, safe='/')}", None, ns.timeout)
-    elif ns.command in RENDER:
-        status, doc = request(sock, "GET", f"/{ns.command}", None, ns.timeout)
-    elif ns.command == "cordon":
+        return request(sock, "GET", f"/claims/{quote(ns.claim, safe='/')}", None, ns.timeout)
+    if ns.command in READS:
+        return request(sock, "GET", f"/{ns.command}", None, ns.timeout)
+    if ns.command == "cordon":
         body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
-        status, doc = request(sock, "POST", "/cordon", body, ns.timeout)
-    elif ns.command == "release":  # answers once NVML let go: allow for the daemon's whole wait
+        return request(sock, "POST", "/cordon", body, ns.timeout)
+    if ns.command == "release":  # answers once NVML let go: allow for the daemon's whole wait
         body = {"device": ns.device, "all": ns.all, "reason": ns.reason, "by": ns.by}
-        status, doc = request(sock, "POST", "/release", body, max(ns.timeout, RELEASE_TIMEOUT + 10))
-    elif ns.command == "reacquire":
-        status, doc = request(sock, "POST", "/reacquire", {"device": ns.device, "all": ns.all}, ns.timeout)
-    elif ns.command == "clear":
+        return request(sock, "POST", "/release", body, max(ns.timeout, RELEASE_TIMEOUT + 10))
+    if ns.command == "reacquire":
+        return request(sock, "POST", "/reacquire", {"device": ns.device, "all": ns.all}, ns.timeout)
+    if ns.command == "clear":
         body = {"device": ns.device, "reason": ns.reason, "by": ns.by}
-        status, doc = request(sock, "POST", "/clear", body, ns.timeout)
-    else:
-        status, doc = request(sock, "POST", "/uncordon", {"device": ns.device}, ns.timeout)
-    if not isinstance(doc, dict):
-        raise Unreachable(f"the daemon at {sock} answered with an unexpected document")
+        return request(sock, "POST", "/clear", body, ns.timeout)
+    return request(sock, "POST", "/uncordon", {"device": ns.device}, ns.timeout)
+
+
+def _show(ns: argparse.Namespace, doc: D, render: Callable[[D, bool], str]) -> None:
+    print(json.dumps(doc, indent=2) if ns.output == "json" else render(doc, ns.output == "wide"))
+
+
+def _run(ns: argparse.Namespace, sock: Path) -> int:
+    status, doc = _ask(ns, sock)
     if status != 200:
-        print(f"tandemctl: {doc.get('error', f'request failed with HTTP {status}')}", file=sys.stderr)
+        try:
+            error = checked(ErrorDoc, doc)["error"]
+        except TypeError:
+            error = f"request failed with HTTP {status}"
+        print(f"tandemctl: {error}", file=sys.stderr)
         return EXIT_DEGRADED
-    if ns.command in RENDER:
-        print(json.dumps(doc, indent=2) if ns.output == "json" else RENDER[ns.command](doc, ns.output == "wide"))
-        if ns.command == "health" and doc.get("status") != "healthy":
+    if ns.command == "devices":
+        _show(ns, _checked(DevicesDoc, doc, sock), render_devices)
+    elif ns.command == "claims":
+        _show(ns, _checked(ClaimsDoc, doc, sock), render_claims)
+    elif ns.command == "claim":
+        _show(ns, _checked(ClaimDoc, doc, sock), render_claim)
+    elif ns.command == "health":
+        health = _checked(HealthDoc, doc, sock)
+        _show(ns, health, render_health)
+        if health["status"] != "healthy":
             return EXIT_DEGRADED
     elif ns.command == "cordon":
-        print(f"{ns.device} cordoned: {doc.get('cordon', {}).get('reason', '')}")
+        cordon = _checked(CordonAnswer, doc, sock)["cordon"]
+        print(f"{ns.device} cordoned: {cordon['reason']}")
     elif ns.command == "release":
+        released = _checked(ReleaseAnswer, doc, sock)
         what = ns.device or "NVML"
-        print(f"{what} released: the daemon holds no NVML handle at all; tainted: {text(doc.get('devices'))}")
+        print(f"{what} released: the daemon holds no NVML handle at all; tainted: {text(released['devices'])}")
         print(f"reset or upgrade now, then: tandemctl reacquire {ns.device or '--all'}")
     elif ns.command == "reacquire":
+        reacquired = _checked(ReacquireAnswer, doc, sock)
         what = ns.device or "everything"
-        print(f"{what} reacquired" if doc.get("reacquired") else f"{what} was not released")
-        still = [r.get("device") or ("NVML" if not r.get("gpu") else r.get("gpu")) for r in doc.get("released", [])]
+        print(f"{what} reacquired" if reacquired["reacquired"] else f"{what} was not released")
+        still = [r["device"] or r["gpu"] or "NVML" for r in reacquired["released"]]
         if still:
             print(f"still released: {', '.join(still)} (NVML stays let go until each is reacquired)")
-        elif doc.get("reacquired"):
+        elif reacquired["reacquired"]:
             print("monitoring and discovery resume")
     elif ns.command == "clear":
-        print(f"{ns.device} cleared: what waited for a GPU reset lifts from {text(doc.get('devices'))}")
+        cleared = _checked(ClearAnswer, doc, sock)
+        print(f"{ns.device} cleared: what waited for a GPU reset lifts from {text(cleared['devices'])}")
     else:
-        print(f"{ns.device} uncordoned" if doc.get("changed") else f"{ns.device} was not cordoned")
+        changed = _checked(UncordonAnswer, doc, sock)["changed"]
+        print(f"{ns.device} uncordoned" if changed else f"{ns.device} was not cordoned")
     return EXIT_OK
 
 

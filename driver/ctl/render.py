@@ -3,13 +3,15 @@
 `-o json` prints the document itself; the default and `-o wide` tables are made here, `wide`
 adding columns as kubectl's does: what names the device to other tools (the GPU UUID that
 `nvidia-smi` and NVML show, the RDMA device name of `ibv_devinfo` and `rdma link`), its PCI
-address, and the claims' pods in full.
+address, and the claims' pods in full. Each renderer takes its document as its TypedDict
+(`driver.status.shapes`), checked when it was read (`driver.ctl.commands`).
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+
+from driver.status.shapes import NOT_PREPARED, ClaimDoc, ClaimsDoc, DevicesDoc, HealthDoc, TaintDoc
 
 OUTPUTS = ("text", "wide", "json")
 _NO_PODS = " (none recorded: prepared by Tandem 0.1.0, or reserved for no pod)"
@@ -20,7 +22,7 @@ def table(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
 
-def text(value: Any) -> str:
+def text(value: object) -> str:
     if value is None or value == "" or value == []:
         return "-"
     if isinstance(value, list):
@@ -28,85 +30,85 @@ def text(value: Any) -> str:
     return str(value)
 
 
-def _taint(t: dict[str, Any]) -> str:
-    value = f"={t['value']}" if t.get("value") else ""
-    return f"{t.get('key', '?')}{value}:{t.get('effect', '?')}"
+def _taint(t: TaintDoc) -> str:
+    value = f"={t['value']}" if t["value"] else ""
+    return f"{t['key']}{value}:{t['effect']}"
 
 
-def render_devices(doc: dict[str, Any], wide: bool) -> str:
+def render_devices(doc: DevicesDoc, wide: bool) -> str:
     head = ["DEVICE", "KIND", "MODEL/IFACE", "NUMA", "PCIE-ROOT", "HEALTH", "TAINTS", "CLAIM", "POD"]
     rows = [head + (["UUID/RDMA", "PCI-BUS-ID"] if wide else [])]
-    for d in doc.get("devices", []):
+    for d in doc["devices"]:
         row = [
-            text(d.get("name")), text(d.get("kind")), text(d.get("model")), text(d.get("numaNode")),
-            text(d.get("pcieRoot")), text(d.get("health")), text([_taint(t) for t in d.get("taints", [])]),
-            text(d.get("claims")), text(d.get("pods")),
-        ]  # fmt: skip
+            text(d["name"]),
+            text(d["kind"]),
+            text(d["model"]),
+            text(d["numaNode"]),
+            text(d["pcieRoot"]),
+            text(d["health"]),
+            text([_taint(t) for t in d["taints"]]),
+            text(d["claims"]),
+            text(d["pods"]),
+        ]
         if wide:
-            row += [text(d.get("uuid") or d.get("rdmaDevice")), text(d.get("pciBusID"))]
+            row += [text(d["uuid"] or d["rdmaDevice"]), text(d["pciBusID"])]
         rows.append(row)
     return table(rows)
 
 
-def render_claims(doc: dict[str, Any], wide: bool) -> str:
+def render_claims(doc: ClaimsDoc, wide: bool) -> str:
     rows = [["CLAIM", "UID", "STATE", "DEVICES", "PODS"]]
-    for c in doc.get("claims", []):
-        devices = [d.get("device", "?") for d in c.get("devices", [])]
-        pods = [f"{c.get('namespace')}/{p}" for p in c.get("pods", [])]
-        rows.append([
-            f"{c.get('namespace')}/{c.get('name')}", text(c.get("uid")), text(c.get("state")), text(devices),
-            text(pods),
-        ])  # fmt: skip
+    for c in doc["claims"]:
+        devices = [d["device"] for d in c["devices"]]
+        pods = [f"{c['namespace']}/{p}" for p in c.get("pods", [])]
+        rows.append([f"{c['namespace']}/{c['name']}", text(c["uid"]), text(c["state"]), text(devices), text(pods)])
     return table(rows)
 
 
-def render_claim(doc: dict[str, Any], wide: bool) -> str:
+def render_claim(doc: ClaimDoc, wide: bool) -> str:
     """One claim's story, in the order an SRE asks: who, what state, which devices, which files."""
+    pods_note = "" if doc["pods"] or doc["state"] == NOT_PREPARED else _NO_PODS
     lines = [
-        f"claim: {doc.get('namespace')}/{doc.get('name')} (uid {doc.get('uid')})",
-        f"state: {doc.get('state')}",
-        f"pods: {text(doc.get('pods'))}" + ("" if doc.get("pods") or doc.get("state") == "NotPrepared" else _NO_PODS),
+        f"claim: {doc['namespace']}/{doc['name']} (uid {doc['uid']})",
+        f"state: {doc['state']}",
+        f"pods: {text(doc['pods'])}{pods_note}",
     ]
-    devices = doc.get("devices", [])
-    if devices:
+    if doc["devices"]:
         lines.append("devices:")
-        ready = {s.get("device"): s for s in doc.get("status", [])}
-        for d in devices:
-            status = ready.get(d.get("device"), {})
-            net = status.get("networkData") or {}
-            facts = [f"requests {text(d.get('requestNames'))}", "Ready" if status.get("ready") else "not Ready"]
+        status = {s["device"]: s for s in doc["status"]}
+        for d in doc["devices"]:
+            applied = status.get(d["device"])
+            facts = [f"requests {text(d['requestNames'])}", "Ready" if applied and applied["ready"] else "not Ready"]
+            net = applied.get("networkData") if applied else None
             if net:
                 facts.append(f"{net.get('interfaceName', '?')} {text(net.get('ips'))}")
             if wide:
                 facts.append(f"cdi {text(d.get('cdiDeviceIDs'))}")
-            lines.append(f"  {d.get('device')}: {', '.join(facts)}")
-    files = doc.get("files", {})
-    lines.append("files: " + (", ".join(f"{k} {'present' if v else 'absent'}" for k, v in files.items()) or "-"))
-    error = doc.get("lastError")
-    lines.append(f"last error: {error.get('error')} (at {error.get('at')})" if error else "last error: -")
+            lines.append(f"  {d['device']}: {', '.join(facts)}")
+    files = ", ".join(f"{k} {'present' if v else 'absent'}" for k, v in doc["files"].items())
+    lines.append(f"files: {files or '-'}")
+    error = doc["lastError"]
+    lines.append(f"last error: {error['error']} (at {error['at']})" if error else "last error: -")
     return "\n".join(lines)
 
 
-def render_health(doc: dict[str, Any], wide: bool) -> str:
-    lines = [str(doc.get("status", "unknown"))]
-    lines += [f"  - {r}" for r in doc.get("reasons", [])]
-    counts = doc.get("devices", {})
+def render_health(doc: HealthDoc, wide: bool) -> str:
+    lines: list[str] = [doc["status"]]
+    lines += [f"  - {r}" for r in doc["reasons"]]
+    counts = doc["devices"]
     by_health = ", ".join(f"{k} {v}" for k, v in counts.items() if k != "total")
-    lines.append(f"devices: {counts.get('total', 0)} ({by_health})")
-    if doc.get("unhealthy"):
+    lines.append(f"devices: {counts['total']} ({by_health})")
+    if doc["unhealthy"]:
         lines.append("not healthy:")
-        lines += [f"  {u.get('device')}: {u.get('reason') or '-'}" for u in doc["unhealthy"]]
-    if doc.get("cordoned"):
+        lines += [f"  {u['device']}: {u['reason'] or '-'}" for u in doc["unhealthy"]]
+    if doc["cordoned"]:
         lines.append("cordoned:")
         for c in doc["cordoned"]:
-            absent = "" if c.get("present", True) else " (device absent)"
-            by = f" by {c['by']}" if c.get("by") else ""
-            lines.append(f"  {c.get('device')}{absent}{by} since {c.get('since')}: {c.get('reason')}")
-    daemon = {k: v for k, v in doc.get("daemon", {}).items() if k not in ("problems", "unready")}
+            absent = "" if c["present"] else " (device absent)"
+            by = f" by {c['by']}" if c["by"] else ""
+            lines.append(f"  {c['device']}{absent}{by} since {c['since']}: {c['reason']}")
+    daemon = {k: v for k, v in doc["daemon"].items() if k not in ("problems", "unready")}
     if daemon:
         lines.append("daemon:")
         lines += [f"  {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in daemon.items()]
     return "\n".join(lines)
-
-
-RENDER = {"devices": render_devices, "claims": render_claims, "claim": render_claim, "health": render_health}

@@ -24,8 +24,14 @@ class ApiError(ApiServerError):
     no server answered at all); `retry_after` the seconds the server asked to wait before the next
     try (Retry-After of a 429 or 503, bounded by `Response.retry_after`), 0 when it asked nothing."""
 
-    def __init__(self, message: str, status: int = 0, retryable: bool | None = None, retry_after: float = 0.0,
-                 unreachable: bool = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        message: str,
+        status: int = 0,
+        retryable: bool | None = None,
+        retry_after: float = 0.0,
+        unreachable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.retryable = status in _RETRYABLE if retryable is None else retryable

@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -66,8 +66,9 @@ def check(reg_socket: Path, driver_name: str, timeout: float = 5.0) -> str:
     return info.endpoint
 
 
-def unready(doc: dict[str, Any]) -> str | None:
-    """Why a /health document is not ready; None when it is."""
+def unready(doc: Mapping[str, Any]) -> str | None:
+    """Why a /health document is not ready; None when it is. A mapping, not the status socket's
+    `HealthDoc`: the status socket is this module's sibling in the layers, and a TypedDict is one."""
     if doc.get("ready") is True:
         return None
     return "; ".join(str(r) for r in doc.get("reasons", [])) or "the daemon says it is not ready"
@@ -87,7 +88,7 @@ class ProbeFile:
         self,
         path: Path,
         alive: Callable[[], object],
-        health: Callable[[], dict[str, Any]],
+        health: Callable[[], Mapping[str, Any]],
         clock: Callable[[], float] = time.time,
     ) -> None:
         """`alive()` raises an EndpointError saying why the kubelet's path fails; `health()` is /health."""

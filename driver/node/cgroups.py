@@ -87,8 +87,10 @@ class Cgroup:
         try:
             moved = subprocess.run(
                 [*_MOVE, str(pid), *(str(d / _PROCS) for d in self._dirs)],
-                capture_output=True, timeout=timeout, check=False,
-            )  # fmt: skip
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         except subprocess.TimeoutExpired as e:
             raise OSError(f"moving it took over {timeout:.0f}s") from e
         if moved.returncode != 0:

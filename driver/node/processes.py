@@ -2,7 +2,7 @@
 
 A PID alone names nothing for long: once its process is gone the kernel gives the number to the
 next one, and a number written into a file a tenant can write names whatever the tenant wants (the
-MPS control daemon's own PID file is such a file: `driver.claims.gpu.mps`). So a supervised process
+MPS control daemon's own PID file is such a file: `driver.claims.gpu.mps_identity`). So a supervised process
 is recorded as a `ProcessId`: the boot, the PID and the process's start time (`/proc/<pid>/stat`
 field 22, clock ticks since boot), taken by the process that started it. PID and start time name
 one process for the life of a boot: the kernel hands a PID out again only after the whole PID space

@@ -163,8 +163,13 @@ class SlicePublisher:
     def stats(self) -> PublisherStats:
         errors, published_at = self.progress.errors(), self.progress.published_at
         with self._cond:
-            return dataclasses.replace(self._stats, watch_restarts=self._cache.watch_restarts, errors=sum(errors.values()),
-                                       error_reasons=errors, published_at=published_at)  # fmt: skip
+            return dataclasses.replace(
+                self._stats,
+                watch_restarts=self._cache.watch_restarts,
+                errors=sum(errors.values()),
+                error_reasons=errors,
+                published_at=published_at,
+            )
 
     def summary(self) -> dict[str, Any]:
         """What `tandemctl health` shows of the publisher: its work, and whether it published."""

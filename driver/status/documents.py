@@ -1,5 +1,6 @@
-"""The JSON documents of the status socket (`driver.status.server`): a device and who holds it,
-and one claim's whole story for `tandemctl claim`.
+"""The JSON documents of the status socket (`driver.status.server`), built: a device and who
+holds it, and one claim's whole story for `tandemctl claim`. Their shapes, which `tandemctl` reads
+them as, are `driver.status.shapes`.
 
 Apart from the socket's serving and routing, so that each stays small. What a device's holders
 are is the checkpoint's word: the claims whose records name it, and the pods those claims were
@@ -11,20 +12,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from cdi import is_dns_label, is_dns_subdomain
-from driver.claims.checkpoint import ClaimRecord
+from driver.claims.checkpoint import ClaimRecord, DeviceRecord
 from driver.claims.files import ClaimFiles
 from driver.claims.vocabulary import PrepareState
 from driver.config import is_uid
 from driver.errors import EndpointError
 from driver.events import ClaimFailure
+from driver.health.cordon import Cordon
+from driver.health.gpu.release import Release
 from driver.model import NUMA_NODE, PCI_BUS_ID, PCIE_ROOT, AttrValue, Device, Version
 from driver.resource_api import rfc3339
+from driver.status.shapes import (
+    NOT_PREPARED,
+    AttrJson,
+    ClaimDoc,
+    ClaimRecordDoc,
+    CordonDoc,
+    DeviceDoc,
+    DeviceStatusDoc,
+    LastErrorDoc,
+    PreparedDeviceDoc,
+    ReleaseDoc,
+)
 from driver.untrusted import shown
-
-NOT_PREPARED = "NotPrepared"  # `state` of a claim with no record, only a remembered failure
 
 
 class UnknownClaim(EndpointError):
@@ -43,15 +56,15 @@ class Holders:
     pods: list[str]
 
 
-def _json_value(value: AttrValue | None) -> Any:
+def _json_value(value: AttrValue | None) -> AttrJson:
     if isinstance(value, Version):
         return value.value
     if isinstance(value, tuple):
-        return [_json_value(v) for v in value]
+        return [v.value if isinstance(v, Version) else v for v in value]
     return value
 
 
-def device_json(device: Device, holders: Holders) -> dict[str, Any]:
+def device_doc(device: Device, holders: Holders) -> DeviceDoc:
     attrs = device.attributes
     return {
         "name": device.name,
@@ -97,7 +110,7 @@ class ClaimFacts:
         self._last_failure = last_failure
         self._failures = failures
 
-    def report(self, key: str) -> dict[str, Any]:
+    def report(self, key: str) -> ClaimDoc:
         """Claim `key` (its UID, or NAMESPACE/NAME): record, files, status as applied, last error."""
         prepared = self.prepared()
         namespace, slash, name = key.partition("/")
@@ -111,31 +124,64 @@ class ClaimFacts:
             raise BadClaimKey(f"{shown(key)} is neither a claim UID nor NAMESPACE/NAME")
         record, failure = prepared.get(uid), self._last_failure(uid) if uid else None
         if record is not None:
-            doc = _record_json(uid, record)
-        elif failure is not None:
-            doc = {"uid": uid, "namespace": failure.namespace, "name": failure.name, "state": NOT_PREPARED}
-            doc |= {"pods": [], "devices": [], "status": []}
-        else:
-            raise UnknownClaim(f"claim {key} is not prepared on this node, and no failed prepare of it is remembered")
-        doc["files"] = self._files.present(uid) if is_uid(uid) else {}  # a failure may be of a bad reference
-        doc["lastError"] = {"at": rfc3339(failure.at), "error": failure.error} if failure is not None else None
-        return doc
+            return _record_doc(uid, record, self._present(uid), _last_error(failure))
+        if failure is not None:
+            return {
+                "uid": uid,
+                "namespace": failure.namespace,
+                "name": failure.name,
+                "state": NOT_PREPARED,
+                "pods": [],
+                "devices": [],
+                "status": [],
+                "files": self._present(uid),
+                "lastError": _last_error(failure),
+            }
+        raise UnknownClaim(f"claim {key} is not prepared on this node, and no failed prepare of it is remembered")
+
+    def _present(self, uid: str) -> dict[str, bool]:
+        return self._files.present(uid) if is_uid(uid) else {}  # a failure may be of a bad reference
 
 
-def _record_json(uid: str, record: ClaimRecord) -> dict[str, Any]:
+def _last_error(failure: ClaimFailure | None) -> LastErrorDoc | None:
+    return {"at": rfc3339(failure.at), "error": failure.error} if failure is not None else None
+
+
+def _record_doc(uid: str, record: ClaimRecord, files: dict[str, bool], error: LastErrorDoc | None) -> ClaimDoc:
     """A prepared claim's record. Prepare completes a record only after the API server took the
     claim's status: what `status` says was applied then (Ready, the NIC's network data)."""
     ready = record.state == PrepareState.COMPLETED
-    status = [{"device": d.device, "ready": ready} for d in record.devices]
-    for entry, d in zip(status, record.devices, strict=True):
+    status: list[DeviceStatusDoc] = []
+    for d in record.devices:
+        entry: DeviceStatusDoc = {"device": d.device, "ready": ready}
         if d.network_data:
             entry["networkData"] = d.network_data
+        status.append(entry)
     return {
         "uid": uid,
         "namespace": record.namespace,
         "name": record.name,
         "state": str(record.state),
         "pods": [f"{record.namespace}/{p}" for p in record.pods],
-        "devices": [d.to_json() for d in record.devices],
+        "devices": [_prepared_device(d) for d in record.devices],
         "status": status,
+        "files": files,
+        "lastError": error,
     }
+
+
+def record_doc(uid: str, record: ClaimRecord) -> ClaimRecordDoc:
+    """A claim of /claims: the checkpoint's record as it stores it, and its UID."""
+    return cast(ClaimRecordDoc, {"uid": uid, **record.to_json()})  # ClaimRecord.to_json is a dict[str, Any]
+
+
+def _prepared_device(d: DeviceRecord) -> PreparedDeviceDoc:
+    return cast(PreparedDeviceDoc, d.to_json())  # DeviceRecord.to_json is a dict[str, Any]
+
+
+def cordon_doc(c: Cordon) -> CordonDoc:
+    return {"device": c.device, "reason": c.reason, "by": c.by, "since": c.since}
+
+
+def release_doc(r: Release) -> ReleaseDoc:
+    return {"gpu": r.gpu, "device": r.device, "reason": r.reason, "by": r.by, "since": r.since}

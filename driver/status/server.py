@@ -13,7 +13,8 @@ claim's record, files, status and last error), /health; POST /cordon {"device", 
 POST /uncordon {"device"}; POST /release {"device" or "all": true, "reason", "by"} and
 POST /reacquire {"device" or "all": true} (`health.gpu_release`: a release answers once NVML let
 go, 503 when it did not in time); POST /clear {"device", "reason", "by"} (the operator's word that
-a GPU was reset: `health.gpu_resets`). Errors are {"error": "..."} with a 4xx/5xx status.
+a GPU was reset: `health.gpu_resets`). Errors are {"error": "..."} with a 4xx/5xx status. Each
+answer's shape is a TypedDict of `driver.status.shapes`, which `tandemctl` reads it as.
 
 /health's `status` is "healthy", "degraded" (a device, the registration, a discovery source), or
 "unhealthy": the node's devices may be invisible to the scheduler (no ResourceSlices published).
@@ -47,19 +48,25 @@ from driver.health.cordon import MAX_NAME, CordonError, CordonStore, UnknownDevi
 from driver.health.gpu.release import GpuReleases, ReleaseError, ReleaseTimeout
 from driver.inventory.store import Inventory
 from driver.model import Health
-from driver.status.documents import BadClaimKey, ClaimFacts, Holders, UnknownClaim, device_json, holders_by_device
+from driver.status import shapes
+from driver.status.documents import (
+    BadClaimKey,
+    ClaimFacts,
+    Holders,
+    UnknownClaim,
+    cordon_doc,
+    device_doc,
+    holders_by_device,
+    record_doc,
+    release_doc,
+)
 from driver.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
-SOCKET_NAME = "status.sock"
 UNIX_PATH_MAX = 107  # sun_path is 108 bytes including the terminating NUL
 MAX_BODY = 64 * 1024
 REQUEST_TIMEOUT = 10.0  # seconds a client may take to send its request
-
-
-def status_socket_path(data_dir: Path) -> Path:
-    return data_dir / SOCKET_NAME
 
 
 class RequestError(EndpointError):
@@ -93,21 +100,25 @@ class StatusServer:
 
     # --- endpoints -------------------------------------------------------------------------------
 
-    def devices(self) -> dict[str, Any]:
+    def devices(self) -> shapes.DevicesDoc:
         by_device = holders_by_device(self._claims.prepared())
         none = Holders([], [])
-        return {"devices": [device_json(d, by_device.get(d.name, none)) for d in self._inventory.devices()]}
+        return {"devices": [device_doc(d, by_device.get(d.name, none)) for d in self._inventory.devices()]}
 
-    def claims(self) -> dict[str, Any]:
+    def claims(self) -> shapes.ClaimsDoc:
         prepared = sorted(self._claims.prepared().items(), key=lambda kv: (kv[1].namespace, kv[1].name))
-        return {"claims": [{"uid": uid, **c.to_json()} for uid, c in prepared]}
+        return {"claims": [record_doc(uid, c) for uid, c in prepared]}
 
-    def health(self) -> dict[str, Any]:
+    def health(self) -> shapes.HealthDoc:
         devices = self._inventory.devices()
         counts = Counter(d.health for d in devices)
-        unhealthy = [{"device": d.name, "reason": d.health_message} for d in devices if d.health != Health.HEALTHY]
+        unhealthy: list[shapes.UnhealthyDoc] = [
+            {"device": d.name, "reason": d.health_message} for d in devices if d.health != Health.HEALTHY
+        ]
         present = {d.name for d in devices}
-        cordoned = [{**c.to_json(), "present": c.device in present} for c in self._cordons.list()]
+        cordoned: list[shapes.CordonedDoc] = [
+            {**cordon_doc(c), "present": c.device in present} for c in self._cordons.list()
+        ]
         reasons = self._releases.problems()
         if not devices:
             reasons.append("no devices discovered")
@@ -127,49 +138,58 @@ class StatusServer:
             "reasons": reasons,
             "devices": {
                 "total": len(devices),
-                **{h: counts.get(h, 0) for h in (Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN)},
+                "Healthy": counts[Health.HEALTHY],
+                "Unhealthy": counts[Health.UNHEALTHY],
+                "Unknown": counts[Health.UNKNOWN],
             },
             "unhealthy": unhealthy,
             "cordoned": cordoned,
-            "released": [r.to_json() for r in self._releases.current()],
+            "released": [release_doc(r) for r in self._releases.current()],
             "daemon": info,
         }
 
-    def cordon(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+    def cordon(self, body: dict[str, Any], peer: str) -> shapes.CordonAnswer:
         device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
         c = self._cordons.cordon(device, reason, _author(by, peer))
         log.info("cordon of %s requested through the status socket by %s", device, peer)
-        return {"cordon": c.to_json()}
+        return {"cordon": cordon_doc(c)}
 
-    def uncordon(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+    def uncordon(self, body: dict[str, Any], peer: str) -> shapes.UncordonAnswer:
         device = _field(body, "device")
         changed = self._cordons.uncordon(device)
         log.info("uncordon of %s requested through the status socket by %s (changed=%s)", device, peer, changed)
         return {"device": device, "changed": changed}
 
-    def release(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+    def release(self, body: dict[str, Any], peer: str) -> shapes.ReleaseAnswer:
         device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
         _one_target(body, device)
         log.info("release of %s requested through the status socket by %s", device or "NVML", peer)
         tainted = self._releases.release(device, reason, _author(by, peer))
         return {"released": device or "nvml", "devices": tainted}
 
-    def reacquire(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+    def reacquire(self, body: dict[str, Any], peer: str) -> shapes.ReacquireAnswer:
         device = _field(body, "device")
         _one_target(body, device)
         log.info("reacquire of %s requested through the status socket by %s", device or "everything", peer)
         ended = self._releases.reacquire(device)
-        return {"reacquired": [r.to_json() for r in ended], "released": [r.to_json() for r in self._releases.current()]}
+        return {
+            "reacquired": [release_doc(r) for r in ended],
+            "released": [release_doc(r) for r in self._releases.current()],
+        }
 
-    def clear(self, body: dict[str, Any], peer: str) -> dict[str, Any]:
+    def clear(self, body: dict[str, Any], peer: str) -> shapes.ClearAnswer:
         device, reason, by = (_field(body, k) for k in ("device", "reason", "by"))
         log.info("clear of %s requested through the status socket by %s", device, peer)
         return {"cleared": device, "devices": self._releases.clear(device, reason, _author(by, peer))}
 
-    def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> dict[str, Any]:
+    def handle(self, method: str, path: str, body: dict[str, Any] | None, peer: str) -> shapes.Document:
         """Routes one request; raises RequestError for anything the client got wrong."""
-        gets = {"/devices": self.devices, "/claims": self.claims, "/health": self.health}
-        posts = {
+        gets: dict[str, Callable[[], shapes.Document]] = {
+            "/devices": self.devices,
+            "/claims": self.claims,
+            "/health": self.health,
+        }
+        posts: dict[str, Callable[[dict[str, Any], str], shapes.Document]] = {
             "/cordon": self.cordon,
             "/uncordon": self.uncordon,
             "/release": self.release,
@@ -350,7 +370,7 @@ class _Handler(BaseHTTPRequestHandler):
         pid, uid, _gid = struct.unpack("3i", creds)
         return f"uid {uid}, pid {pid}"
 
-    def _reply(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
+    def _reply(self, status: HTTPStatus, payload: shapes.Document) -> None:
         data = json.dumps(payload, indent=1).encode() + b"\n"
         self.close_connection = True  # one request per connection: no idle threads held by clients
         self.send_response(status)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from kube import Cluster, claim_template, example, pod, report_script, request, wait_for, wait_report
 
-from driver.claims.gpu.mps import PID_FILE
+from driver.claims.gpu.mps_identity import PID_FILE
 from sim.nvml import read_state
 
 GPU = 6

@@ -15,7 +15,7 @@ from kubelet_calls import registered
 from waiting import poll
 
 from demo.node import DRIVER
-from driver.claims.gpu.mps import CONTROL_PROGRAM
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM
 from sim.kubelet import ClaimRef, KubeletSim
 from sim.profile import h100_node
 from sim.scheduler import Request, allocate, claim_object, reserve

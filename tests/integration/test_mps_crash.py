@@ -15,7 +15,7 @@ from mps_node import MpsNode
 from waiting import poll
 
 from demo.node import DRIVER
-from driver.claims.gpu.mps import PID_FILE
+from driver.claims.gpu.mps_identity import PID_FILE
 from sim import nvml as sim_nvml
 
 

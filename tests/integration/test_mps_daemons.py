@@ -16,7 +16,8 @@ from flocks import locked_elsewhere
 from mps_fixtures import driver_root_fixture, needed_fixture  # noqa: F401  (fixtures: driver_root, needed)
 from waiting import wait_for
 
-from driver.claims.gpu.mps import CONTROL_PROGRAM, MpsDaemons, MpsError
+from driver.claims.gpu.mps import MpsDaemons, MpsError
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM
 from sim.driver_files import BIN_DIR
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"

@@ -15,7 +15,7 @@ import pytest
 from mps_node import MpsNode
 from waiting import poll
 
-from driver.claims.gpu.mps import PID_FILE
+from driver.claims.gpu.mps_identity import PID_FILE
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ import pytest
 from mps_node import MpsNode
 from waiting import poll
 
-from driver.claims.gpu.mps import CONTROL_PROGRAM
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM
 from driver.node.cgroups import Cgroup, hierarchies, owner_name
 
 SYS = Path("/sys")

@@ -214,8 +214,11 @@ class MigPartitions:
                 with _Nvml(self._driver_root) as nvml:
                     self._generation += 1
                     for p in orphans:
-                        log.warning("%s was made for claim %s, which no record names: destroying it",
-                                    describe(p), notes[p].claim)  # fmt: skip
+                        log.warning(
+                            "%s was made for claim %s, which no record names: destroying it",
+                            describe(p),
+                            notes[p].claim,
+                        )
                         try:
                             self._remove(nvml, notes, p)
                         except MigError as e:
@@ -240,8 +243,9 @@ class MigPartitions:
                 for p in placements:
                     noted = notes.get(p)
                     if noted is not None and noted != Made(claim, self._instance):
-                        log.warning("%s is not rolled back: instance %s of the driver took it over", describe(p),
-                                    noted.owner)  # fmt: skip
+                        log.warning(
+                            "%s is not rolled back: instance %s of the driver took it over", describe(p), noted.owner
+                        )
                         clean = False
                     elif noted is not None:
                         clean = self._undo(nvml, notes, p) and clean

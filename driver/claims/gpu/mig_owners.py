@@ -75,10 +75,17 @@ class MigOwners:
     def save(self, entries: dict[MigPlacement, Made]) -> None:
         """Write `entries` (only inside `changing`)."""
         rows = [
-            {"bootID": self._boot, "parentUUID": p.parent_uuid, "profileID": p.profile_id, "start": p.start,
-             "size": p.size, "claim": m.claim, "owner": m.owner}
+            {
+                "bootID": self._boot,
+                "parentUUID": p.parent_uuid,
+                "profileID": p.profile_id,
+                "start": p.start,
+                "size": p.size,
+                "claim": m.claim,
+                "owner": m.owner,
+            }
             for p, m in sorted(entries.items(), key=lambda e: (e[0].parent_uuid, e[0].start, e[0].profile_id))
-        ]  # fmt: skip
+        ]
         doc = {"version": FORMAT_VERSION, "instances": rows}
         atomic_write(self.path, json.dumps(doc, indent=1).encode(), 0o600, durable=PREPARED_STATE_DURABLE)
 
@@ -89,8 +96,9 @@ class MigOwners:
             try:
                 if row["bootID"] != self._boot:
                     continue  # its GPU instance went with that boot
-                placement = MigPlacement(str(row["parentUUID"]), int(row["profileID"]), int(row["start"]),
-                                         int(row["size"]))  # fmt: skip
+                placement = MigPlacement(
+                    str(row["parentUUID"]), int(row["profileID"]), int(row["start"]), int(row["size"])
+                )
                 out[placement] = Made(str(row["claim"]), str(row["owner"]))
             except (TypeError, KeyError, ValueError) as e:
                 log.error("%s: an entry that is no GPU instance is dropped (%s: %s)", self.path, type(e).__name__, e)

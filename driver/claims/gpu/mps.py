@@ -11,15 +11,11 @@ end (`nvidia-cuda-mps-control` reading commands on stdin) are NVIDIA's ('MPS', A
 and Interface Reference).
 
 What is the tenants' and what is Tandem's: the pipe directory and the private `/dev/shm` are
-mounted read-write into every container of the GPU's MPS claims, and a container's root may put
-anything there (a FIFO, a symlink to `/dev/zero`, another daemon's PID in the PID file). So
-Tandem keeps nothing of its own there and reads nothing from there. A daemon is known by its
-`ProcessId` (boot, PID, start time: `driver.node.processes`), recorded in `<device>/daemon.json`
-beside those directories and mounted into no container, and is signalled only as that process.
-Of the pipe directory Tandem only removes what a dead daemon (or a tenant) left in the names the
-next daemon takes (its PID file and control socket), and talks to the daemon through its control
-socket only when that is a socket: a symlink there could lead to another GPU's daemon, a FIFO
-would stall the front end.
+mounted read-write into every container of the GPU's MPS claims, so a daemon is known only by
+Tandem's record of it (`driver.claims.gpu.mps_identity`). Of the pipe directory Tandem only
+removes what a dead daemon (or a tenant) left in the names the next daemon takes (its PID file and
+control socket), and talks to the daemon through its control socket only when that is a socket: a
+symlink there could lead to another GPU's daemon, a FIFO would stall the front end.
 
 Starting, crash-safely: the daemon is started behind a gate, `sh` waiting for a line on its stdin
 before it execs the daemon (which keeps its PID and start time). Tandem records the gate's
@@ -36,8 +32,7 @@ its own claim's GPUs' daemons: another GPU's trouble neither fails nor delays it
 * a needed GPU whose daemon is not running gets one (a daemon that died is restarted);
 * a running daemon is found again by its record, so a restarted Tandem adopts it instead of
   starting a second one; a daemon a release before this one started (`-d`, no record) is adopted
-  once by its PID file, read as untrusted and believed only for a control daemon whose
-  environment names this GPU's pipe directory (`_legacy`);
+  once by its PID file, read as untrusted (`driver.claims.gpu.mps_identity.legacy_daemon`);
 * a daemon no record needs any more is told `quit` (killed if it does not go), and its directories
   are removed; but only while the records are `complete`: after the checkpoint was lost, a daemon
   no record names may serve a running pod until start-up has rebuilt its record;
@@ -54,24 +49,13 @@ else is in a GPU's cgroup (the servers a killed daemon left, a daemon no record 
 before a daemon starts there and when it stops. While Tandem runs, the daemons it started are its
 children, reaped as they end; those of an earlier instance are no one's to reap but the node's.
 
-Shared memory: an MPS server and its clients exchange work through POSIX shared memory in
-`/dev/shm`, so they must see the same one. As NVIDIA's DRA driver does, each daemon gets a
-private one: a tmpfs at `<data dir>/mps/<device>/shm` (half the node's memory at most, as a
-container's default), bound over `/dev/shm` in a mount namespace of the daemon's own (`unshare`),
-so the servers it starts inherit it; the claims' CDI specs mount the same tmpfs at the
-containers' `/dev/shm`. Then no pod sees the host's `/dev/shm` or another GPU's clients, and the
-host's is not filled by them. It takes CAP_SYS_ADMIN (the DaemonSet's Tandem is privileged, and
-the data dir is mounted `Bidirectional` so the runtime sees the tmpfs); without it (tests run
-unprivileged) the daemon keeps the host's `/dev/shm` and says so in the log.
-
-Over 400 lines on purpose: sixty of them are this docstring, and a daemon's start, identity,
-cgroup and stop are one state machine under one lock, which a split would spread over modules.
+Each daemon has a private `/dev/shm`, which its claims' containers share with it
+(`driver.claims.gpu.mps_shm`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -82,20 +66,17 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from cdi import atomic_write
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM, PID_FILE, RECORD, legacy_daemon, read_record, write_record
+from driver.claims.gpu.mps_shm import release_shm, with_private_shm
 from driver.errors import DeviceError
-from driver.fsutil import locked, read_json_state, read_untrusted
+from driver.fsutil import locked
 from driver.node.cgroups import Cgroup, hierarchies, owner_name
 from driver.node.driver_root import BINARY_DIRS, driver_program
 from driver.node.processes import ProcessId, alive, identify, kill, wait_gone
 
 log = logging.getLogger(__name__)
 
-CONTROL_PROGRAM = "nvidia-cuda-mps-control"
-PID_FILE = "nvidia-cuda-mps-control.pid"  # the daemon's own, in the pipe directory: never read as Tandem's
 CONTROL_SOCKET = "control"
-RECORD = "daemon.json"
-RECORD_VERSION = 1
 _START_TIMEOUT = 10.0
 _QUIT_TIMEOUT = 10.0
 _KILL_TIMEOUT = 5.0
@@ -201,7 +182,7 @@ class MpsDaemons:
     def running(self, device: str) -> int | None:
         """The PID of the device's control daemon, if the one on record runs."""
         self._reap()
-        process = self._recorded(device)
+        process = read_record(self._record(device))
         return process.pid if process is not None and alive(process) else None
 
     # --- identity: Tandem's record, never the pipe directory ----------------------------------
@@ -209,50 +190,19 @@ class MpsDaemons:
     def _record(self, device: str) -> Path:
         return self.root / device / RECORD
 
-    def _recorded(self, device: str) -> ProcessId | None:
-        raw = read_json_state(self._record(device), "MPS daemon record", "daemon", dict, version=RECORD_VERSION)
-        try:
-            return ProcessId.from_json(raw)
-        except ValueError:
-            return None
-
-    def _write_record(self, device: str, process: ProcessId) -> None:
-        doc = {"version": RECORD_VERSION, "daemon": process.to_json()}
-        # Not fsynced: a reboot, the only thing that loses it, ends the daemon and changes the boot.
-        atomic_write(self._record(device), json.dumps(doc).encode(), 0o600, durable=False)
-
     def _daemon(self, device: str) -> ProcessId | None:
         """The device's running daemon: the one on record, or one an earlier release started."""
         if self._record(device).exists():
-            process = self._recorded(device)
-        elif (process := self._legacy(device)) is not None:
-            log.info("adopting the MPS control daemon of %s an earlier release started (PID %d)", device,
-                     process.pid, extra={"device": device})  # fmt: skip
-            self._write_record(device, process)
+            process = read_record(self._record(device))
+        elif (process := legacy_daemon(self.pipe_dir(device))) is not None:
+            log.info(
+                "adopting the MPS control daemon of %s an earlier release started (PID %d)",
+                device,
+                process.pid,
+                extra={"device": device},
+            )
+            write_record(self._record(device), process)
         return process if process is not None and alive(process) else None
-
-    def _legacy(self, device: str) -> ProcessId | None:
-        """A daemon of a release that kept no record, by the PID file it wrote into the pipe
-        directory: a tenant may have written it, so it is read as untrusted and believed only for
-        a control daemon whose environment names this GPU's pipe directory and that runs in
-        Tandem's PID namespace (neither another GPU's daemon nor any other process a tenant names
-        is taken over: under hostPID Tandem sees the tenants' processes too, which a tenant may
-        give any name and environment, but each in a PID namespace of its pod's own)."""
-        try:
-            process = identify(int(read_untrusted(self.pipe_dir(device) / PID_FILE, 32)))
-            if process is None:
-                return None
-            cmdline = read_untrusted(Path(f"/proc/{process.pid}/cmdline"), 1 << 16)
-            environ = read_untrusted(Path(f"/proc/{process.pid}/environ"), 1 << 20).split(b"\0")
-            theirs, own = os.stat(f"/proc/{process.pid}/ns/pid"), os.stat("/proc/self/ns/pid")
-        except (OSError, ValueError):
-            return None
-        ours = (
-            (theirs.st_dev, theirs.st_ino) == (own.st_dev, own.st_ino)
-            and CONTROL_PROGRAM.encode() in cmdline
-            and f"CUDA_MPS_PIPE_DIRECTORY={self.pipe_dir(device)}".encode() in environ
-        )
-        return process if ours and alive(process) else None  # still the process whose files were read
 
     def _reap(self) -> None:
         for pid, child in list(self._children.items()):
@@ -282,16 +232,23 @@ class MpsDaemons:
         if process is not None and self._control_kept(device):
             return
         if process is not None:
-            log.warning("the MPS control daemon of %s lost its control socket (another daemon bound it, or it "
-                        "was removed): no client reaches it; restarting it", device, extra={"device": device})  # fmt: skip
+            log.warning(
+                "the MPS control daemon of %s lost its control socket (another daemon bound it, or it "
+                "was removed): no client reaches it; restarting it",
+                device,
+                extra={"device": device},
+            )
             if not kill(process, _KILL_TIMEOUT):
                 raise MpsError(f"{device}: the MPS control daemon (PID {process.pid}) outlived SIGKILL")
         self._sockets.pop(device, None)
         program = self._program()
         cgroup = self.cgroup(device)
         if cgroup is not None and not cgroup.kill_all(_KILL_TIMEOUT):  # what no record names: module docstring
-            log.warning("processes in the cgroup of the MPS control daemon of %s outlived SIGKILL", device,
-                        extra={"device": device})  # fmt: skip
+            log.warning(
+                "processes in the cgroup of the MPS control daemon of %s outlived SIGKILL",
+                device,
+                extra={"device": device},
+            )
         output = self.root / device / "daemon.out"  # its stdout and stderr, for the error
         try:
             for d in (self.pipe_dir(device), self.log_dir(device), self.shm_dir(device)):
@@ -302,10 +259,15 @@ class MpsDaemons:
             raise MpsError(f"{device}: preparing the MPS directories failed: {e}") from e
         log.info("starting the MPS control daemon of %s (%s)", device, uuid, extra={"device": device})
         try:
+            command = with_private_shm(device, self.shm_dir(device), [str(program), "-f"])
             gate = subprocess.Popen(
-                [*_GATE, *self._private_shm(device, [str(program), "-f"])],
-                env=self._env(device, uuid), stdin=subprocess.PIPE, stdout=out, stderr=out, start_new_session=True,
-            )  # fmt: skip
+                [*_GATE, *command],
+                env=self._env(device, uuid),
+                stdin=subprocess.PIPE,
+                stdout=out,
+                stderr=out,
+                start_new_session=True,
+            )
         except OSError as e:
             raise MpsError(f"{device}: {CONTROL_PROGRAM} -f failed: {e}") from e
         finally:
@@ -315,7 +277,7 @@ class MpsDaemons:
             process = identify(gate.pid)
             if process is None:
                 raise OSError(f"it exited at once ({gate.wait()})")
-            self._write_record(device, process)
+            write_record(self._record(device), process)
             self._escape(device, cgroup, gate.pid)
             assert gate.stdin is not None
             gate.stdin.write(b"\n")  # recorded: let it exec the daemon
@@ -346,8 +308,13 @@ class MpsDaemons:
         try:
             cgroup.enter(pid, _START_TIMEOUT)
         except OSError as e:
-            log.warning("the MPS control daemon of %s stays in Tandem's cgroup, so it stops with Tandem's "
-                        "container: moving it out failed: %s", device, e, extra={"device": device})  # fmt: skip
+            log.warning(
+                "the MPS control daemon of %s stays in Tandem's cgroup, so it stops with Tandem's "
+                "container: moving it out failed: %s",
+                device,
+                e,
+                extra={"device": device},
+            )
 
     def _wait_up(self, device: str, gate: subprocess.Popen[bytes], output: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
@@ -382,29 +349,14 @@ class MpsDaemons:
             done = subprocess.run(
                 [str(self._program())],
                 env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(device))},
-                input=f"{command}\n".encode(), capture_output=True, timeout=timeout, check=False,
-            )  # fmt: skip
+                input=f"{command}\n".encode(),
+                capture_output=True,
+                timeout=timeout,
+                check=False,
+            )
         except (OSError, MpsError, subprocess.TimeoutExpired):
             return False
         return done.returncode == 0
-
-    def _private_shm(self, device: str, cmd: list[str]) -> list[str]:
-        """`cmd` run with the device's tmpfs as its `/dev/shm` (module docstring), mounted first."""
-        shm = self.shm_dir(device)
-        if os.geteuid() != 0:
-            log.warning("MPS control daemon of %s: not root, so it shares the host's /dev/shm", device)
-            return cmd
-        if not os.path.ismount(shm):
-            mounted = subprocess.run(
-                ["mount", "-t", "tmpfs", "-o", f"rw,nosuid,nodev,noexec,size={_shm_size()}", "tandem-mps-shm", str(shm)],
-                capture_output=True, timeout=_START_TIMEOUT, check=False,
-            )  # fmt: skip
-            if mounted.returncode != 0:
-                raise MpsError(
-                    f"{device}: mounting a tmpfs at {shm} failed: {mounted.stderr.decode(errors='replace')[:200]}"
-                )
-        bind = 'mount --bind "$0" /dev/shm && exec "$@"'
-        return ["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, str(shm), *cmd]
 
     # --- stopping -----------------------------------------------------------------------------
 
@@ -414,30 +366,28 @@ class MpsDaemons:
         if process is not None:
             log.info("stopping the MPS control daemon of %s: no claim uses it", device, extra={"device": device})
             if not (self._tell(device, "quit", _QUIT_TIMEOUT) and wait_gone(process, _QUIT_TIMEOUT)):
-                log.warning("the MPS control daemon of %s did not quit (its control socket gone, not a socket or "
-                            "unanswered); killing it", device, extra={"device": device})  # fmt: skip
+                log.warning(
+                    "the MPS control daemon of %s did not quit (its control socket gone, not a socket or "
+                    "unanswered); killing it",
+                    device,
+                    extra={"device": device},
+                )
                 if not kill(process, _KILL_TIMEOUT):
-                    log.error("the MPS control daemon of %s (PID %d) outlived SIGKILL; kept on record, retried "
-                              "next round", device, process.pid, extra={"device": device})  # fmt: skip
+                    log.error(
+                        "the MPS control daemon of %s (PID %d) outlived SIGKILL; kept on record, retried next round",
+                        device,
+                        process.pid,
+                        extra={"device": device},
+                    )
                     return
         self._reap()
         cgroup = self.cgroup(device)
         if cgroup is not None and not (cgroup.kill_all(_KILL_TIMEOUT) and cgroup.remove()):
-            log.error("the cgroup of the MPS control daemon of %s holds processes that outlived SIGKILL; retried "
-                      "next round", device, extra={"device": device})  # fmt: skip
+            log.error(
+                "the cgroup of the MPS control daemon of %s holds processes that outlived SIGKILL; retried next round",
+                device,
+                extra={"device": device},
+            )
             return
-        if os.path.ismount(self.shm_dir(device)):  # lazily: a client that has not gone yet keeps it
-            subprocess.run(["umount", "-l", str(self.shm_dir(device))], capture_output=True, timeout=_QUIT_TIMEOUT,
-                           check=False)  # fmt: skip
+        release_shm(self.shm_dir(device))
         shutil.rmtree(self.root / device, ignore_errors=True)
-
-
-def _shm_size() -> str:
-    """Half the node's memory, as NVIDIA's driver sizes the MPS tmpfs (and the kernel a tmpfs)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return f"{int(line.split()[1]) // 2}k"
-    except (OSError, ValueError, IndexError):
-        pass
-    return "65536k"

@@ -237,7 +237,7 @@ class GpuSharing:
             cdi.Mount(
                 host_path=str(self.daemons.log_dir(name)), container_path=CONTAINER_LOG_DIR, options=_LOG_OPTIONS
             ),
-            # The daemon's private /dev/shm (`driver.claims.gpu.mps`): MPS servers and clients share memory there.
+            # The daemon's private /dev/shm (`driver.claims.gpu.mps_shm`): MPS servers and clients share memory there.
             cdi.Mount(host_path=str(self.daemons.shm_dir(name)), container_path="/dev/shm", options=_PIPE_OPTIONS),
         )
         return dataclasses.replace(p, share_env=tuple(env), share_mounts=mounts)

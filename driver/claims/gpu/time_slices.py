@@ -199,8 +199,9 @@ class TimeSlices:
         cmd = [str(self._program()), "compute-policy", "-i", uuid, "--set-timeslice", str(value)]
         log.info("setting the time slice of %s (%s) to %s", device, uuid, interval, extra={"device": device})
         try:
-            done = subprocess.run(cmd, env=self._env(), stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=_TIMEOUT, check=False)  # fmt: skip
+            done = subprocess.run(
+                cmd, env=self._env(), stdin=subprocess.DEVNULL, capture_output=True, timeout=_TIMEOUT, check=False
+            )
         except (OSError, subprocess.TimeoutExpired) as e:
             raise TimeSliceError(f"{device}: {NVIDIA_SMI} compute-policy failed: {e}") from e
         if done.returncode != 0:

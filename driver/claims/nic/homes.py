@@ -183,8 +183,13 @@ class NicHomes:
                 self._failed(pci, name, nics[pci], e)
                 continue
             # Names are shown, never logged raw: the one it came back with is the pod's choice.
-            log.info("NIC %s back from its pod as %s: given back its name %s, MTU, MAC and addresses %s",
-                     pci, shown(name), shown(home.name), ", ".join(home.addresses) or "(none)")  # fmt: skip
+            log.info(
+                "NIC %s back from its pod as %s: given back its name %s, MTU, MAC and addresses %s",
+                pci,
+                shown(name),
+                shown(home.name),
+                ", ".join(home.addresses) or "(none)",
+            )
             now[pci] = home.name
             done.append(pci)
             changed = True
@@ -206,20 +211,29 @@ class NicHomes:
         if holder is None:
             return False
         netlink.rename_link(home, parked_name(holder), self._netns)
-        log.info("NIC %s back from its pod as %s, the home name of NIC %s: renamed %s until it gets its own",
-                 holder, shown(home), pci, shown(parked_name(holder)))  # fmt: skip
+        log.info(
+            "NIC %s back from its pod as %s, the home name of NIC %s: renamed %s until it gets its own",
+            holder,
+            shown(home),
+            pci,
+            shown(parked_name(holder)),
+        )
         now[holder] = parked_name(holder)
         return True
 
     def _failed(self, pci: str, name: str, record: Any, error: Exception) -> None:
         home = record.get("ifname") if isinstance(record, dict) else None
         if isinstance(error, OSError) and error.errno == errno.EEXIST:
-            note = (f"NIC {pci} is back from its pod as {shown(name)}, but its host name {shown(str(home))} is taken "
-                    f"by another netdev: it keeps {shown(name)} until that name is free (tried again on every NIC "
-                    "discovery)")  # fmt: skip
+            note = (
+                f"NIC {pci} is back from its pod as {shown(name)}, but its host name {shown(str(home))} is taken "
+                f"by another netdev: it keeps {shown(name)} until that name is free (tried again on every NIC "
+                "discovery)"
+            )
         else:
-            note = (f"NIC {pci} is back from its pod as {shown(name)} and cannot be given back its host name, MTU "
-                    f"and addresses (tried again on every NIC discovery): {error}")  # fmt: skip
+            note = (
+                f"NIC {pci} is back from its pod as {shown(name)} and cannot be given back its host name, MTU "
+                f"and addresses (tried again on every NIC discovery): {error}"
+            )
         log.warning("%s", note)
         if self._reported.get(pci) != note:
             self._reported[pci] = note

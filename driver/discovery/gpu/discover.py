@@ -110,8 +110,11 @@ class GpuDiscovery:
             if bdf in read_bdfs:
                 continue
             if (self.sysfs_root / "bus/pci/devices" / bdf).exists():
-                log.warning("GPU %s cannot be listed by NVML but is still on the PCI bus; keeping %s published", bdf,
-                            ", ".join(d.name for d in last))  # fmt: skip
+                log.warning(
+                    "GPU %s cannot be listed by NVML but is still on the PCI bus; keeping %s published",
+                    bdf,
+                    ", ".join(d.name for d in last),
+                )
                 kept += last
             else:
                 log.info("GPU %s left the PCI bus; unpublishing %s", bdf, ", ".join(d.name for d in last))

@@ -162,8 +162,11 @@ class DynamicMigReader:
                 nvml.nvmlDeviceGetGpuInstances(handle, p.id, array, ctypes.byref(count))
                 for gi in array[: count.value]:
                     info = nvml.nvmlGpuInstanceGetInfo(gi)
-                    out.append(GpuInstance(int(info.id), int(info.profileId), int(info.placement.start),
-                                           int(info.placement.size)))  # fmt: skip
+                    out.append(
+                        GpuInstance(
+                            int(info.id), int(info.profileId), int(info.placement.start), int(info.placement.size)
+                        )
+                    )
         except NvmlError as e:
             raise DeviceSkipped(where, f"its GPU instances cannot be listed: {e}") from e
         return sorted(out, key=lambda g: g.id)
@@ -227,8 +230,11 @@ def publish(
     left |= {k: total - sum(p.engines()[k] for p in theirs) for k, total in engines.items()}
     totals = {memory_slice(i): 0 if i in busy else 1 for i in range(slices)} | {k: max(v, 0) for k, v in left.items()}
     if len(totals) > MAX_COUNTERS:
-        log.warning("gpu-%d: %d memory slices need more counters than a set holds; publishing its MIG devices only",
-                    minor, slices)  # fmt: skip
+        log.warning(
+            "gpu-%d: %d memory slices need more counters than a set holds; publishing its MIG devices only",
+            minor,
+            slices,
+        )
         return list(migs)
     counters = CounterSet(counter_set_name(minor), _quantities(totals))
     common = {k: v for k, v in whole.attributes.items() if k not in ("type", "uuid", "migProfiles")}
@@ -259,9 +265,16 @@ def _quantities(values: dict[str, int]) -> tuple[tuple[str, str], ...]:
 
 
 def _placement_device(
-    minor: int, uuid: str, whole: Device, common: dict[str, AttrValue], p: GiProfile, start: int, size: int,
-    counters: CounterSet, needs: dict[str, int],
-) -> Device | None:  # fmt: skip
+    minor: int,
+    uuid: str,
+    whole: Device,
+    common: dict[str, AttrValue],
+    p: GiProfile,
+    start: int,
+    size: int,
+    counters: CounterSet,
+    needs: dict[str, int],
+) -> Device | None:
     """`needs`: what it consumes besides its memory slices (compute slices, counted engines)."""
     name = placement_device_name(minor, p.name, start)
     if name is None or not is_dns_label(name):

@@ -101,8 +101,12 @@ class HeldResets:
         self._waiting = {}
         for h in kept:
             self._waiting.setdefault(h.gpu, []).append(h)
-            log.warning("GPU %s (%s): XID %d still held from before this start, until evidence of a reset",
-                        h.gpu, h.pci or "no PCI address", h.xid)  # fmt: skip
+            log.warning(
+                "GPU %s (%s): XID %d still held from before this start, until evidence of a reset",
+                h.gpu,
+                h.pci or "no PCI address",
+                h.xid,
+            )
         self._saved = sorted(kept)
         return [(h.subject, policy.xid(h.xid, None)) for h in kept]
 
@@ -115,8 +119,13 @@ class HeldResets:
             pci = entries[0].pci
             if uuid in gpus:
                 if pci and gpus[uuid].pci and gpus[uuid].pci != pci:
-                    log.warning("GPU %s is at %s now, not %s: moved to another slot, it was serviced; "
-                                "its held reset XIDs are dropped", uuid, gpus[uuid].pci, pci)  # fmt: skip
+                    log.warning(
+                        "GPU %s is at %s now, not %s: moved to another slot, it was serviced; "
+                        "its held reset XIDs are dropped",
+                        uuid,
+                        gpus[uuid].pci,
+                        pci,
+                    )
                     dropped += [h.subject for h in entries]
             elif pci and at.get(pci, uuid) != uuid:
                 log.warning("GPU %s at %s was replaced by %s; its held reset XIDs are dropped", uuid, pci, at[pci])

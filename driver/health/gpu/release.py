@@ -156,8 +156,13 @@ class GpuReleases:
                 f"{device or 'NVML'} is released, but {self._access.open_sessions()} NVML session(s) were still open "
                 f"after {self._timeout:g}s: do not reset yet; see the daemon's log, then run the release again"
             )
-        log.warning("%s released by %s (NVML let go in %.2fs): %s", device or "NVML", by or "unknown",
-                    time.monotonic() - start, reason)  # fmt: skip
+        log.warning(
+            "%s released by %s (NVML let go in %.2fs): %s",
+            device or "NVML",
+            by or "unknown",
+            time.monotonic() - start,
+            reason,
+        )
         return self._devices_of(gpu)
 
     def reacquire(self, device: str) -> list[Release]:

@@ -4,7 +4,7 @@ own namespace)."""
 
 from __future__ import annotations
 
-from driver.claims.binding import ConditionTypes, PublishedDevices, with_binding_conditions
+from driver.claims.binding_conditions import ConditionTypes, PublishedDevices, with_binding_conditions
 from driver.claims.binding_pods import claim_names
 from driver.model import Device, DeviceKind, GpuInfo, MigPlacement, NicInfo
 

@@ -22,7 +22,9 @@ import pytest
 from mps_fixtures import driver_root_fixture, needed_fixture  # noqa: F401  (fixtures: driver_root, needed)
 from waiting import wait_for
 
-from driver.claims.gpu.mps import _GATE, CONTROL_PROGRAM, PID_FILE, RECORD, MpsDaemons, MpsError
+from driver.claims.gpu import mps
+from driver.claims.gpu.mps import _GATE, MpsDaemons, MpsError
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM, PID_FILE, RECORD
 from driver.node.processes import identify, wait_gone
 from sim.driver_files import BIN_DIR
 
@@ -262,7 +264,7 @@ def test_a_daemon_is_never_run_unrecorded(
     def no_record(*_: object) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(MpsDaemons, "_write_record", no_record)
+    monkeypatch.setattr(mps, "write_record", no_record)
     needed["gpu-0"] = UUIDS["gpu-0"]
     with pytest.raises(MpsError, match="gpu-0: starting nvidia-cuda-mps-control failed: disk full"):
         daemons.sync()
