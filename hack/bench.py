@@ -49,10 +49,10 @@ import bench_nic
 import bench_nic_health
 import bench_prepare
 import bench_reference
-import bench_scale
 import bench_sharing
 import bench_slices
 import bench_topology
+from scale.run import bench_scale
 
 from driver.discovery.gpu.discover import GpuDiscovery
 from sim import nvml as sim_nvml
@@ -141,7 +141,7 @@ def reference(quick: bool) -> dict[str, Any]:
 
 
 def scale(quick: bool) -> dict[str, Any]:
-    return bench_scale.bench_scale(quick)
+    return bench_scale(quick)
 
 
 SECTIONS = {

@@ -44,7 +44,7 @@ def _template(name: str) -> dict[str, Any]:
             "spec": {"spec": {"devices": {"requests": [request]}}}}  # fmt: skip
 
 
-def _set_gpus(state: Any, mig: bool, failing: int | None) -> None:
+def _set_gpus(state: Path, mig: bool, failing: int | None) -> None:
     profile = sim_nvml.read_state(state)
     for gpu in GPUS:
         profile.gpus[gpu].nvml_errors = (
@@ -84,14 +84,14 @@ def bench_binding(pods: int = 20, failovers: int = 5) -> dict[str, Any]:
     env = _cluster_env()
     if env is None:
         return {"skipped": "the real cluster is not built or not up: run hack/cluster.sh up (root and Go)"}
-    from kubernetes import client, config, utils, watch
+    from kubernetes import client, config, utils
 
     config.load_kube_config(env["KUBECONFIG"])
     api = client.ApiClient()
     core = client.CoreV1Api(api)
     node = ClusterNode(STATE / "node", STATE / "tandem" / "kubeconfig", "tandem-node")
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
     utils.create_from_dict(api, _template("mig-1g"), namespace=namespace)
     out: dict[str, Any] = {}
 
@@ -103,8 +103,8 @@ def bench_binding(pods: int = 20, failovers: int = 5) -> dict[str, Any]:
         times = []
         for i in range(count):
             name = f"p{i}-{uuid.uuid4().hex[:4]}"
-            times.append(_one_pod_start(core, watch, namespace, _pod(name, "mig-1g", env["TANDEM_TEST_IMAGE"])))
-            _delete_and_wait(core, watch, namespace, name)
+            times.append(_one_pod_start(core, namespace, _pod(name, "mig-1g", env["TANDEM_TEST_IMAGE"])))
+            _delete_and_wait(core, namespace, name)
         return times
 
     try:

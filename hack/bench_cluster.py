@@ -17,7 +17,10 @@ import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported by the benchmarks themselves, when they run: it is slow to import
+    from kubernetes.client import CoreV1Api
 
 REPO = Path(__file__).resolve().parent.parent
 PREPARE_GRPC = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
@@ -31,7 +34,7 @@ def _cluster_env() -> dict[str, str] | None:
     return dict(line.removeprefix("export ").split("=", 1) for line in proc.stdout.splitlines())
 
 
-def _kubelet_prepare_seconds(api: Any, node: str) -> dict[str, float]:
+def _kubelet_prepare_seconds(api: CoreV1Api, node: str) -> dict[str, float]:
     """Cumulative sums and counts of the kubelet's DRA prepare histograms."""
     text = api.connect_get_node_proxy_with_path(node, "metrics")
     out: dict[str, float] = {}
@@ -77,14 +80,17 @@ def _pod(name: str, template: str, image: str) -> dict[str, Any]:
     }  # fmt: skip
 
 
-def _one_pod_start(core: Any, watch_mod: Any, namespace: str, body: dict[str, Any]) -> float:
-    w = watch_mod.Watch()
+def _one_pod_start(core: CoreV1Api, namespace: str, body: dict[str, Any]) -> float:
+    from kubernetes.client import V1Pod
+    from kubernetes.watch import Watch
+
+    w = Watch()
     t0 = time.perf_counter()
-    created = core.create_namespaced_pod(namespace, body)
+    created = core.create_namespaced_pod(namespace, V1Pod.model_validate(body)).metadata
     try:
         for event in w.stream(core.list_namespaced_pod, namespace, timeout_seconds=120,
                               field_selector=f"metadata.name={body['metadata']['name']}",
-                              resource_version=created.metadata.resource_version):  # fmt: skip
+                              resource_version=created.resource_version if created else None):  # fmt: skip
             if event["object"].status.phase == "Running":
                 return time.perf_counter() - t0
     finally:
@@ -92,11 +98,13 @@ def _one_pod_start(core: Any, watch_mod: Any, namespace: str, body: dict[str, An
     raise RuntimeError(f"pod {body['metadata']['name']} did not reach Running in 120 s")
 
 
-def _delete_and_wait(core: Any, watch_mod: Any, namespace: str, name: str) -> None:
+def _delete_and_wait(core: CoreV1Api, namespace: str, name: str) -> None:
     """Each pod starts on a node where the one before is gone and its claim unprepared: a pod forced
     away (grace 0) leaves the API before the kubelet unprepares its claim, the scheduler hands the
     same GPU to the next claim, and Tandem refuses that prepare until the old one is undone."""
-    w = watch_mod.Watch()
+    from kubernetes.watch import Watch
+
+    w = Watch()
     core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
     for event in w.stream(core.list_namespaced_pod, namespace, timeout_seconds=120,
                           field_selector=f"metadata.name={name}"):  # fmt: skip
@@ -106,18 +114,26 @@ def _delete_and_wait(core: Any, watch_mod: Any, namespace: str, name: str) -> No
     raise RuntimeError(f"pod {name} was not deleted in 120 s")
 
 
+def _node_name(core: CoreV1Api) -> str:
+    """The cluster's one node (the client's models leave every field optional)."""
+    meta = core.list_node().items[0].metadata
+    if meta is None or not meta.name:
+        raise RuntimeError("the cluster's node has no name")
+    return meta.name
+
+
 def bench_pod_start(pods: int = 20) -> dict[str, Any]:
     env = _cluster_env()
     if env is None:
         return {"skipped": "the real cluster is not built or not up: run hack/cluster.sh up (root and Go)"}
-    from kubernetes import client, config, utils, watch
+    from kubernetes import client, config, utils
 
     config.load_kube_config(env["KUBECONFIG"])
     api = client.ApiClient()
     core = client.CoreV1Api(api)
-    node = core.list_node().items[0].metadata.name
+    node = _node_name(core)
     namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace({"metadata": {"name": namespace}})
+    core.create_namespace(client.V1Namespace.model_validate({"metadata": {"name": namespace}}))
     out: dict[str, Any] = {}
     try:
         for label, with_nic in (("1_gpu", False), ("gpu_and_nic_one_pcie_root", True)):
@@ -127,11 +143,9 @@ def bench_pod_start(pods: int = 20) -> dict[str, Any]:
             for i in range(pods):
                 name = f"{label.replace('_', '-')}-{i}"
                 times.append(
-                    _one_pod_start(
-                        core, watch, namespace, _pod(name, label.replace("_", "-"), env["TANDEM_TEST_IMAGE"])
-                    )
+                    _one_pod_start(core, namespace, _pod(name, label.replace("_", "-"), env["TANDEM_TEST_IMAGE"]))
                 )
-                _delete_and_wait(core, watch, namespace, name)
+                _delete_and_wait(core, namespace, name)
             after = _kubelet_prepare_seconds(core, node)
             grpc_ms = _mean_ms(before, after, "grpc")
             op_ms = _mean_ms(before, after, "op")

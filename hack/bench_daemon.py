@@ -29,6 +29,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench_slices import slice_writes
+
 from demo.node import DRIVER, SimNode, stop_daemon
 from sim.apiserver import SimApiServer
 from sim.kubelet import ClaimRef, KubeletSim
@@ -38,7 +40,6 @@ from sim.profile import NicSpec, NodeProfile, h100_node
 from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
 XID_EVENT = 0x8
-_WRITES = {"POST", "PUT", "DELETE", "PATCH"}
 
 
 def _wait(pred: Callable[[], bool], timeout: float, step: float = 0.002) -> bool:
@@ -56,17 +57,17 @@ def _pct(values: Sequence[float], p: float) -> float:
 
 
 class _Running:
-    def __init__(self, srv: SimApiServer, node: SimNode, proc: Any, kubelet: KubeletSim) -> None:
+    def __init__(self, srv: SimApiServer, node: SimNode, proc: subprocess.Popen[bytes], kubelet: KubeletSim) -> None:
         self.srv, self.node, self.proc, self.kubelet = srv, node, proc, kubelet
 
-    def taints(self, device: str) -> list[dict]:
+    def taints(self, device: str) -> list[dict[str, Any]]:
         for d in published_devices(self.srv, DRIVER, self.node.profile.name):
             if d["name"] == device:
                 return d.get("taints") or []
         return []
 
     def slice_writes(self) -> int:
-        return sum(1 for r in self.srv.requests if r.resource == "resourceslices" and r.method in _WRITES)
+        return slice_writes(self.srv)
 
 
 @contextmanager
@@ -76,7 +77,9 @@ def _daemon(profile: NodeProfile, *flags: str, expect: int | None = None) -> Ite
     try:
         node = SimNode.create(root / "node", profile)
         srv.add_node(profile.name)
-        proc = node.start_daemon(srv.write_kubeconfig(root / "kubeconfig"), root / "daemon.log", *flags)
+        kubeconfig = root / "kubeconfig"
+        srv.write_kubeconfig(kubeconfig)
+        proc = node.start_daemon(kubeconfig, root / "daemon.log", *flags)
         kubelet = KubeletSim(node.registry)
         kubelet.register(kubelet.wait_for_registration_socket(DRIVER, timeout=60))
         want = len(profile.gpus) + len(profile.nics) if expect is None else expect
@@ -108,11 +111,14 @@ def bench_event_to_taint(events: int = 8) -> dict[str, Any]:
                 watch.wait_for(lambda s: any(r.device == name and r.health == "UNHEALTHY" for r in s), 10)
                 seen.append(time.monotonic())
 
+            def tainted(name: str = name) -> bool:
+                return bool(d.taints(name))
+
             waiter = threading.Thread(target=on_stream)
             waiter.start()
             t0 = time.monotonic()
             append_event(d.node.root / "nvml-state.json", gpu.uuid, XID_EVENT, 48)
-            if not _wait(lambda name=name: bool(d.taints(name)), 10):
+            if not _wait(tainted, 10):
                 raise RuntimeError(f"taint of event {i} never appeared")
             api.append(time.monotonic() - t0)
             waiter.join(15)
@@ -169,9 +175,13 @@ def bench_nic_event_to_slice(changes: int = 10) -> dict[str, Any]:
             times = []
             for i in range(changes):
                 address = f"192.0.2.{i + 1}/24"
+
+                def reached(address: str = address) -> bool:
+                    return _ipv4(d) == address
+
                 t0 = time.monotonic()
                 ip("addr", "add", address, "dev", "ens1f0np0")
-                if not _wait(lambda a=address: _ipv4(d) == a, 10):
+                if not _wait(reached, 10):
                     raise RuntimeError("address change never reached the slice")
                 times.append(time.monotonic() - t0)
                 ip("addr", "del", address, "dev", "ens1f0np0")

@@ -25,6 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from bench_slices import slice_writes
+
 from demo.node import DRIVER, SimNode, stop_daemon
 from driver.discovery.gpu.discover import GpuDiscovery
 from driver.kube.api import KubeAPI
@@ -37,7 +39,6 @@ from sim.profile import h100_node
 from sim.scheduler import Request, allocate, claim_object, reserve
 from sim.sysfs import render_node
 
-_WRITES = {"POST", "PUT", "DELETE", "PATCH"}
 SHAPES = {
     "1g-partition": Request("mig", "mig.tandem.dev", lambda d: d["name"] == "gpu-0-mig-1g-10gb-p3"),
     "whole-gpu-no-mig": Request("gpu", "gpu.tandem.dev", lambda d: d["name"] == "gpu-1"),
@@ -62,7 +63,8 @@ def bench_carving(runs: int) -> dict[str, Any]:
         srv.start()
         srv.add_node(profile.name)
         node = SimNode.create(Path(tmp) / "n", profile)
-        kubeconfig = srv.write_kubeconfig(Path(tmp) / "kubeconfig")
+        kubeconfig = Path(tmp) / "kubeconfig"
+        srv.write_kubeconfig(kubeconfig)
         proc = node.start_daemon(kubeconfig, Path(tmp) / "daemon.log", "--dynamic-mig", "all")
         kubelet = KubeletSim(node.registry)
         try:
@@ -88,7 +90,7 @@ def bench_carving(runs: int) -> dict[str, Any]:
                     unprep.append(time.perf_counter() - t0)
                     srv.delete("resourceclaims", ref.name, "default")
                     time.sleep(0.3)  # the rediscovery a MIG change triggers, and any slice write, land here
-                    writes += sum(1 for r in srv.requests if r.method in _WRITES and r.resource == "resourceslices")
+                    writes += slice_writes(srv)
                 out[shape] = {"prepare": _ms(prep), "unprepare": _ms(unprep), "slice_writes": writes, "runs": runs}
             return out
         finally:
@@ -122,7 +124,7 @@ def bench_publication(runs: int) -> dict[str, Any]:
             pub.start()
             synced = pub.wait_synced(60)
             seconds = time.monotonic() - t0
-            writes = sum(1 for r in srv.requests if r.method in _WRITES and r.resource == "resourceslices")
+            writes = slice_writes(srv)
             pub.stop()
             api.close()
     return {

@@ -67,7 +67,7 @@ def _percentiles(samples: Sequence[float]) -> dict[str, float]:
     return {"p50_ms": round(pct(50) * 1000, 2), "p99_ms": round(pct(99) * 1000, 2), "n": len(ordered)}
 
 
-def _timed(fn: Callable[[], Any]) -> float:
+def _timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter()
     fn()
     return time.perf_counter() - t0
@@ -79,7 +79,8 @@ class Bench:
         self.profile = big_node("bench-node", gpus, nics)
         self.node = SimNode.create(root / "node", self.profile)
         self.srv.add_node(self.profile.name)
-        kubeconfig = self.srv.write_kubeconfig(root / "kubeconfig")
+        kubeconfig = root / "kubeconfig"
+        self.srv.write_kubeconfig(kubeconfig)
         self.proc = self.node.start_daemon(kubeconfig, root / "daemon.log")
         self.kubelet = KubeletSim(self.node.registry)
         self.kubelet.register(self.kubelet.wait_for_registration_socket(DRIVER, timeout=60))
@@ -97,7 +98,8 @@ class Bench:
         return _percentiles([_timed(lambda: self.kubelet.prepare([])) for _ in range(calls)])
 
     def claims(self, shape: list[Request], count: int) -> list[ClaimRef]:
-        refs, taken = [], set()
+        refs: list[ClaimRef] = []
+        taken: set[str] = set()
         for _ in range(count):
             self.counter += 1
             name = f"bench-{self.counter}"

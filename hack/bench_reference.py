@@ -2,7 +2,7 @@
 
 Why: "fast" means little for a Python driver without a yardstick, and the yardstick that matters
 is a Go driver on the official `k8s.io/dynamic-resource-allocation/kubeletplugin` helper, the
-library most DRA drivers use. `hack/bench/` holds that driver in two modes:
+library most DRA drivers use. `hack/go-reference/` holds that driver in two modes:
 
 * minimal: the helper and one CDI spec per claim, nothing else (the floor of any Go driver);
 * tandem-work: the same driver doing what Tandem does per claim (a checkpoint record before and
@@ -66,7 +66,7 @@ from sim.apiserver import SimApiServer
 from sim.kubelet import ClaimRef, KubeletSim
 from sim.scheduler import Request, allocate, attribute, claim_object, published_devices
 
-GO_MODULE = Path(__file__).resolve().parent / "bench"
+GO_MODULE = Path(__file__).resolve().parent / "go-reference"
 MODES = ("minimal", "tandem-work")
 NODE = "bench-node"
 GPUS = 16  # one per claim of a concurrent round
@@ -143,7 +143,7 @@ class Subject:
 
     label: str
     driver: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen[bytes]
     kubelet: KubeletSim
     prepare_ms: list[float] = field(default_factory=list)
     unprepare_ms: list[float] = field(default_factory=list)
@@ -189,7 +189,8 @@ class SideBySide:
         self.cdi_base = _tmpfs_dir() or root
         self.srv = SimApiServer().start()
         self.srv.add_node(NODE)
-        self.kubeconfig = self.srv.write_kubeconfig(root / "kubeconfig")
+        self.kubeconfig = root / "kubeconfig"
+        self.srv.write_kubeconfig(self.kubeconfig)
         self.subjects: list[Subject] = []
         self.counter = 0
         self.pool = ThreadPoolExecutor(max_workers=CONCURRENCY, thread_name_prefix="bench-kubelet")
@@ -209,13 +210,11 @@ class SideBySide:
         for d in (registry, plugins, cdi):
             d.mkdir(parents=True)
         with open(base / "driver.log", "ab") as log:
-            proc = subprocess.Popen(
-                [str(binary), "-mode", mode, "-driver-name", driver, "-node-name", NODE,
-                 "-kubeconfig", str(self.kubeconfig), "-kubelet-registrar-dir", str(registry),
-                 "-kubelet-plugins-dir", str(plugins), "-cdi-root", str(cdi), "-gpus", str(GPUS),
-                 f"-checkpoint-fsync={str(self.go_checkpoint_fsync).lower()}"],
-                stdout=log, stderr=log,
-            )  # fmt: skip
+            args = [str(binary), "-mode", mode, "-driver-name", driver, "-node-name", NODE]
+            args += ["-kubeconfig", str(self.kubeconfig), "-kubelet-registrar-dir", str(registry)]
+            args += ["-kubelet-plugins-dir", str(plugins), "-cdi-root", str(cdi), "-gpus", str(GPUS)]
+            args.append(f"-checkpoint-fsync={str(self.go_checkpoint_fsync).lower()}")
+            proc = subprocess.Popen(args, stdout=log, stderr=log)
         self._register(f"{mode} Go", driver, proc, registry, GPUS)
 
     def _start_tandem(self) -> None:
@@ -225,7 +224,7 @@ class SideBySide:
         proc = node.start_daemon(self.kubeconfig, self.root / "tandem" / "daemon.log", "--cdi-root", str(cdi))
         self._register("Tandem", DRIVER, proc, node.registry, GPUS + NICS)
 
-    def _register(self, label: str, driver: str, proc: subprocess.Popen, registry: Path, devices: int) -> None:
+    def _register(self, label: str, driver: str, proc: subprocess.Popen[bytes], registry: Path, devices: int) -> None:
         subject = Subject(label, driver, proc, KubeletSim(registry))
         self.subjects.append(subject)  # from now on close() stops it, even if it never registers
         subject.kubelet.register(subject.kubelet.wait_for_registration_socket(driver, timeout=60))

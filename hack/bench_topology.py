@@ -53,16 +53,16 @@ def bench_topology_discovery(gpus: int = 8, nics: int = 8, other_netdevs: int = 
         sim_nvml.write_state(profile, state)
         bdfs = [g.pci_bus_id for g in profile.gpus] + [n.pci_address for n in profile.nics]
         with sim_nvml.fake_pynvml_in_process(state):
-            gpu = GpuDiscovery(root / "sys", proc_root=root / "proc")
-            nic = NicDiscovery(root / "sys", netns=ns, proc_root=root / "proc")
-            found = (len(gpu.discover()), len(nic.discover()))  # warm-up
+            gpu_discovery = GpuDiscovery(root / "sys", proc_root=root / "proc")
+            nic_discovery = NicDiscovery(root / "sys", netns=ns, proc_root=root / "proc")
+            found = (len(gpu_discovery.discover()), len(nic_discovery.discover()))  # warm-up
             switches = {topology(root / "sys", b, False).attributes.get("pcieSwitch") for b in bdfs}
             gpu_times, nic_times, topo_times = [], [], []
             for _ in range(runs):
                 t0 = time.perf_counter()
-                gpu.discover()
+                gpu_discovery.discover()
                 t1 = time.perf_counter()
-                nic.discover()
+                nic_discovery.discover()
                 t2 = time.perf_counter()
                 for b in bdfs:
                     topology(root / "sys", b, True)

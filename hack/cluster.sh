@@ -10,6 +10,8 @@
 #   hack/cluster.sh image [TAG [COMMIT]]  build the Dockerfile's image (of COMMIT: cached), load it
 #                           into every node
 #   hack/cluster.sh build   only build (or find cached) binaries and images
+#   hack/cluster.sh control-plane up|down   the control plane alone (no node, no root): the
+#                           scale bench's, in a state directory and on ports of its own
 #
 # Upstream parts, versions pinned in hack/cluster/go.mod: etcd, kube-apiserver,
 # kube-controller-manager, kube-scheduler, kubelet, kube-proxy, kubectl, containerd and runc, built
@@ -20,8 +22,10 @@
 # the kubelet with its own node identity. docs/cluster.md explains every setting that differs from
 # a default and why (cgroup v1 on this machine, no registry, nodes in namespaces of their own).
 #
+# Every component's flags, the feature gates and the ports are in hack/cluster/components.conf.
 # Environment: TANDEM_CLUSTER_STATE (default /var/lib/tandem-cluster), TANDEM_CLUSTER_CACHE
-# (default ~/.cache/tandem-cluster), TANDEM_CLUSTER_TANDEM=none to start no Tandem node process.
+# (default ~/.cache/tandem-cluster), TANDEM_CLUSTER_TANDEM=none to start no Tandem node process,
+# TANDEM_CLUSTER_PROFILE=scale for the scale bench's ports and flags (components.conf).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,10 +39,17 @@ case "${1:-}" in
   env) cluster_env ;;
   status) cluster_status ;;
   build) cluster_build ;;
+  control-plane)
+    case "${2:-}" in
+      up) control_plane_up ;;
+      down) control_plane_down ;;
+      *) echo "usage: hack/cluster.sh control-plane up|down" >&2; exit 2 ;;
+    esac
+    ;;
   restart) cluster_restart "${2:?which component?}" "${@:3}" ;;
   image) cluster_image "${2:-localhost/tandem-driver:dev}" "${3:-}" ;;
   *)
-    sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

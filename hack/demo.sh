@@ -3,5 +3,5 @@
 # Needs no cluster, no GPU, no NIC and no root.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-TANDEM_EXTRAS=test "$repo/hack/venv.sh"
+TANDEM_EXTRAS="test" "$repo/hack/venv.sh"
 exec "$repo/.venv/bin/tandem-driver" demo "$@"

@@ -18,7 +18,7 @@ if [ "${1:-}" = --nodes ]; then
 fi
 suite=(tests/cluster --ignore=tests/cluster/multi)
 [ "$nodes" = 1 ] || suite=(tests/cluster/multi)
-TANDEM_EXTRAS=test hack/venv.sh
+TANDEM_EXTRAS="test" hack/venv.sh
 rc=0
 if hack/cluster.sh up --nodes "$nodes"; then
   TANDEM_E2E=1 TANDEM_E2E_NODES="$nodes" .venv/bin/python -m pytest -q "${suite[@]}" "$@" || rc=$?

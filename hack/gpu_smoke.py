@@ -36,6 +36,7 @@ def print_mig_placements() -> None:
                 mode = nvml.nvmlDeviceGetMigMode(handle)
             except NvmlError as e:
                 mode = str(e)
+            facts: list[dict[str, object]] | list[str]
             try:
                 facts = [
                     {"id": f.id, "name": f.name, "slices": f.slices, "memoryMiB": f.memory_mb, "sms": f.multiprocessors,

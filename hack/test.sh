@@ -18,13 +18,14 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   fi
 fi
-TANDEM_EXTRAS=test hack/venv.sh
+TANDEM_EXTRAS="test" hack/venv.sh
 export PATH="$repo/.venv/bin:$PATH"
 hack/verify-proto.sh
 ruff check .
 ruff format --check .
 lint-imports
-mypy  # strict, on driver/ and cdi/ ([tool.mypy] in pyproject.toml)
+python hack/shellcheck_all.py  # every tracked shell script
+mypy  # strict, on driver/, cdi/ and hack/ ([tool.mypy] in pyproject.toml)
 if [ "$(id -u)" = 0 ] && command -v go >/dev/null && [ "${TANDEM_E2E:-1}" != 0 ]; then
   # A cluster that fails to come up fails the cluster tests (with its log), not the others.
   hack/cluster.sh up || echo "hack/cluster.sh up failed: the tests in tests/cluster will fail" >&2

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates (or reuses) the project virtual environment .venv and installs Tandem with its test
-# extras into it. Sourced by hack/demo.sh and hack/test.sh so that both work on a fresh machine.
+# extras into it. Run by hack/demo.sh and hack/test.sh so that both work on a fresh machine.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 python="${PYTHON:-python3}"
@@ -17,6 +17,6 @@ extras="${TANDEM_EXTRAS:-test}"
 want="$(sha256sum "$repo/pyproject.toml" | cut -d' ' -f1)-$extras"
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   "$repo/.venv/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$repo/.venv/bin/python" -m pip install -q -e "$repo[$extras]"
+  "$repo/.venv/bin/python" -m pip install -q -e "${repo}[${extras}]"
   echo "$want" >"$stamp"
 fi

@@ -1,6 +1,8 @@
 # Building the cluster's binaries and images; sourced by lib.sh.
 # shellcheck shell=bash
 
+: "${repo:?}" "${here:?}"
+
 # The cache key covers everything that decides the binaries: the pinned versions (go.mod, go.sum),
 # our own Go sources, the Go toolchain and the flags below.
 build_key() {
@@ -83,6 +85,7 @@ build_images() {
   root="$(mktemp -d)"
   mkdir -p "$root/pause"
   cp "$BIN/pause" "$root/pause/pause"
+  # shellcheck disable=SC2153 # PAUSE_IMAGE is lib.sh's
   python3 "$here/image.py" --name "$PAUSE_IMAGE" --rootfs "$root/pause" --entrypoint /pause --out "$images/pause.tar" >/dev/null
   mkdir -p "$root/busybox/bin" "$root/busybox/tmp" "$root/busybox/etc"
   cp /bin/busybox "$root/busybox/bin/busybox"

@@ -1,13 +1,9 @@
-# Starting each component of the cluster with its flags; sourced by lib.sh. docs/cluster.md says
-# why each setting that is not a default is there.
+# Starting each component of the cluster; sourced by lib.sh. Their flags are in components.conf
+# (command_line, settings.sh), whose comments and docs/cluster.md say why each setting that is not
+# a default is there.
 # shellcheck shell=bash
 
-# The DRA feature gates of 1.37 a Tandem user turns on: list-typed attributes is alpha (off by
-# default); the others are beta or GA and on by default, named so the cluster does not depend on
-# defaults that change between releases.
-FEATURE_GATES="DRAListTypeAttributes=true,DRAConsumableCapacity=true,DRAPartitionableDevices=true"
-FEATURE_GATES+=",DRADeviceBindingConditions=true,DRAExtendedResource=true,DRADeviceTaints=true"
-FEATURE_GATES+=",DRADeviceTaintRules=true"
+: "${repo:?}" "${here:?}"
 
 host_prereqs() {
   local need=()
@@ -90,32 +86,14 @@ host_network_down() {
 start_etcd() {
   mkdir -p "$STATE/etcd"
   chmod 700 "$STATE/etcd"
-  start etcd "$BIN/etcd" --name tandem --data-dir "$STATE/etcd" \
-    --listen-client-urls https://127.0.0.1:2379 --advertise-client-urls https://127.0.0.1:2379 \
-    --listen-peer-urls https://127.0.0.1:2380 --initial-advertise-peer-urls https://127.0.0.1:2380 \
-    --initial-cluster tandem=https://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
-    --cert-file "$PKI/etcd-server.crt" --key-file "$PKI/etcd-server.key" --trusted-ca-file "$PKI/ca.crt" \
-    --client-cert-auth --peer-cert-file "$PKI/etcd-server.crt" --peer-key-file "$PKI/etcd-server.key" \
-    --peer-trusted-ca-file "$PKI/ca.crt" --peer-client-cert-auth
-  wait_for 60 etcd "$LOGS/etcd.log" curl -sf http://127.0.0.1:2381/health
+  command_line etcd
+  start etcd "${CMD[@]}"
+  wait_for 60 etcd "$LOGS/etcd.log" curl -sf "http://127.0.0.1:$ETCD_METRICS_PORT/health"
 }
 
 start_apiserver() {
-  start kube-apiserver "$BIN/kube-apiserver" \
-    --advertise-address "$HOST_IP" --secure-port 6443 \
-    --etcd-servers https://127.0.0.1:2379 --etcd-cafile "$PKI/ca.crt" \
-    --etcd-certfile "$PKI/apiserver-etcd-client.crt" --etcd-keyfile "$PKI/apiserver-etcd-client.key" \
-    --tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
-    --client-ca-file "$PKI/ca.crt" \
-    --kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
-    --kubelet-client-key "$PKI/apiserver-kubelet-client.key" --kubelet-certificate-authority "$PKI/ca.crt" \
-    --kubelet-preferred-address-types InternalIP \
-    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
-    --anonymous-auth=false \
-    --service-account-issuer https://kubernetes.default.svc.cluster.local \
-    --service-account-key-file "$PKI/sa.pub" --service-account-signing-key-file "$PKI/sa.key" \
-    --service-cluster-ip-range "$SERVICE_CIDR" --allow-privileged=true \
-    --feature-gates "$FEATURE_GATES" --profiling=false
+  command_line kube-apiserver
+  start kube-apiserver "${CMD[@]}"
   wait_for 120 kube-apiserver "$LOGS/kube-apiserver.log" kubectl_admin get --raw /readyz
 }
 
@@ -128,22 +106,13 @@ bootstrap_rbac() {
 }
 
 start_controller_manager() {
-  start kube-controller-manager "$BIN/kube-controller-manager" \
-    --kubeconfig "$PKI/controller-manager.kubeconfig" \
-    --authentication-kubeconfig "$PKI/controller-manager.kubeconfig" \
-    --authorization-kubeconfig "$PKI/controller-manager.kubeconfig" \
-    --bind-address 127.0.0.1 --leader-elect=false --use-service-account-credentials \
-    --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-    --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-    --feature-gates "$FEATURE_GATES" --profiling=false
+  command_line kube-controller-manager
+  start kube-controller-manager "${CMD[@]}"
 }
 
 start_scheduler() {
-  start kube-scheduler "$BIN/kube-scheduler" \
-    --kubeconfig "$PKI/scheduler.kubeconfig" \
-    --authentication-kubeconfig "$PKI/scheduler.kubeconfig" \
-    --authorization-kubeconfig "$PKI/scheduler.kubeconfig" \
-    --bind-address 127.0.0.1 --leader-elect=false --feature-gates "$FEATURE_GATES" --profiling=false
+  command_line kube-scheduler
+  start kube-scheduler "${CMD[@]}"
 }
 
 start_containerd() {
@@ -151,8 +120,9 @@ start_containerd() {
   sed -e "s|@STATE@|$STATE|g" -e "s|@RUN@|$RUN|g" -e "s|@CDI_ROOT@|$CDI_ROOT|g" -e "s|@BIN@|$BIN|g" \
     -e "s|@PAUSE_IMAGE@|$PAUSE_IMAGE|g" "$here/config/containerd.toml" >"$STATE/containerd/config.toml"
   sed -e "s|@POD_CIDR@|$POD_CIDR|g" "$here/config/cni.conflist" >"$STATE/cni/net.d/10-tandem.conflist"
+  command_line containerd
   # The shim finds runc and itself on PATH.
-  PATH="$BIN:$PATH" start containerd "$BIN/containerd" --config "$STATE/containerd/config.toml"
+  PATH="$BIN:$PATH" start containerd "${CMD[@]}"
   wait_for 60 containerd "$LOGS/containerd.log" "$BIN/ctr" --address "$CONTAINERD_SOCK" version
 }
 
@@ -168,18 +138,15 @@ start_kubelet() {
   sed -e "s|@PKI@|$NODE_PKI|g" -e "s|@CONTAINERD_SOCK@|$CONTAINERD_SOCK|g" -e "s|@CGROUP_ROOT@|$CGROUP_ROOT|g" \
     -e "s|@FEATURE_GATES@|$(echo "$FEATURE_GATES" | sed 's/=/: /g; s/,/, /g')|" \
     "$here/config/kubelet.yaml" >"$STATE/kubelet/config.yaml"
-  start kubelet "$BIN/kubelet" --config "$STATE/kubelet/config.yaml" \
-    --kubeconfig "$NODE_PKI/kubelet.kubeconfig" --hostname-override "$NODE_NAME" --node-ip "$HOST_IP" \
-    --root-dir "$KUBELET_ROOT" --node-labels tandem.dev/enabled=true
+  command_line kubelet
+  start kubelet "${CMD[@]}"
   wait_for 120 "node $NODE_NAME Ready" "$LOGS/kubelet.log" \
     kubectl_admin wait --for=condition=Ready "node/$NODE_NAME" --timeout=1s
 }
 
 start_kube_proxy() {
-  start kube-proxy "$BIN/kube-proxy" --kubeconfig "$NODE_PKI/kube-proxy.kubeconfig" \
-    --hostname-override "$NODE_NAME" --proxy-mode iptables --cluster-cidr "$POD_CIDR" \
-    --bind-address "$HOST_IP" --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-    --conntrack-max-per-core 0
+  command_line kube-proxy
+  start kube-proxy "${CMD[@]}"
   wait_for 60 kube-proxy "$LOGS/kube-proxy.log" "${IN_NODE[@]}" curl -sf http://127.0.0.1:10256/healthz
 }
 

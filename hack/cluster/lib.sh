@@ -2,6 +2,9 @@
 # shellcheck shell=bash
 
 : "${repo:?}" "${here:?}"
+# shellcheck source=settings.sh
+source "$here/settings.sh"
+load_settings
 STATE="${TANDEM_CLUSTER_STATE:-/var/lib/tandem-cluster}"
 RUN="$STATE/run"
 LOGS="$STATE/logs"
@@ -20,7 +23,7 @@ CONTAINERD_SOCK="$RUN/containerd/containerd.sock"
 TEST_IMAGE=localhost/tandem/busybox:1
 PAUSE_IMAGE=localhost/tandem/pause:1
 ADMIN_KUBECONFIG="$PKI/admin.kubeconfig"
-API_SERVER=https://127.0.0.1:6443
+API_SERVER="https://127.0.0.1:$APISERVER_PORT"
 # What differs between the nodes of `up --nodes N` (nodes.sh, use_node): node 1, the only one of a
 # one-node cluster, runs in the machine's own namespaces with these; nodes 2..N each in their own.
 NODE_PKI="$PKI"    # the node's credentials and its copy of the CA certificate
@@ -129,18 +132,12 @@ cluster_up() {
   # Tandem's node process, the NIC hardware and the rendering of daemonset.yaml's objects run on
   # .venv's Python, which on a fresh checkout nothing has made yet (hack/test.sh, hack/demo.sh and
   # hack/e2e.sh make it too; a second run only checks it).
-  TANDEM_EXTRAS=test "$repo/hack/venv.sh"
+  TANDEM_EXTRAS="test" "$repo/hack/venv.sh"
   build_binaries
   build_images
   host_mounts_shared
   host_network_up
-  make_pki
-  start_etcd
-  start_apiserver
-  bootstrap_rbac
-  start_controller_manager
-  start_scheduler
-  install_tandem_objects
+  control_plane_up
   [ "$nodes" = 1 ] || nodes_bridge_up
   for ((i = 2; i <= nodes; i++)); do
     (use_node "$i"; node_pki)
@@ -162,6 +159,29 @@ cluster_up() {
 Use it:  eval "\$($repo/hack/cluster.sh env)"; kubectl get resourceslices
 Stop it: $repo/hack/cluster.sh down
 EOF
+}
+
+# control_plane_up: certificates, etcd, the API server, the controller manager, the scheduler, and
+# everything of daemonset.yaml but the DaemonSet: what `up` starts before the nodes, and all that
+# the scale bench (hack/scale/) runs of the cluster. It touches nothing of the machine but its state
+# directory and its ports, so it needs no root.
+control_plane_up() {
+  build_binaries
+  detect_host_ip
+  make_pki
+  start_etcd
+  start_apiserver
+  bootstrap_rbac
+  start_controller_manager
+  start_scheduler
+  install_tandem_objects
+}
+
+control_plane_down() {
+  stop kube-scheduler
+  stop kube-controller-manager
+  stop kube-apiserver
+  stop etcd
 }
 
 # cluster_restart COMPONENT [NODE]: NODE for the components of a node other than the first.
@@ -238,10 +258,7 @@ cluster_down() {
   done
   stop_node
   wait
-  stop kube-scheduler
-  stop kube-controller-manager
-  stop kube-apiserver
-  stop etcd
+  control_plane_down
   host_network_down
   unmount_below "$KUBELET_ROOT"
   unmount_below "$STATE"

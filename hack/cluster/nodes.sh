@@ -13,6 +13,8 @@
 # kubelet credentials (system:node:<name>) and Tandem its own token bound to its own Node.
 # shellcheck shell=bash
 
+: "${repo:?}" "${here:?}"
+
 NODES_BRIDGE=tandem-nodes
 # Node 1's simulated hardware. In node I's mount namespace this path is its own (node_namespaces_up),
 # so one DaemonSet's pod template finds each node's hardware at the same path.
@@ -21,11 +23,12 @@ NODES_GATEWAY=10.250.0.1 # the machine's end of the bridge, in 10.250.0.0/24; no
 
 # use_node I: the settings of node I (none change for node 1). Run it in a subshell: it points
 # STATE, RUN and LOGS at the node's own directory, so every component function works on the node.
+# shellcheck disable=SC2034 # the variables it sets are the other files' (lib.sh)
 use_node() {
   local i="$1"
   [ "$i" -gt 1 ] || return 0
   detect_host_ip
-  API_SERVER="https://$HOST_IP:6443" # the node's loopback is its own; the machine's address is in the certificate
+  API_SERVER="https://$HOST_IP:$APISERVER_PORT" # the node's loopback is its own; the machine's address is in the certificate
   NODE_NAME="$NODE_NAME-$i"
   STATE="$STATE/nodes/$NODE_NAME"
   RUN="$STATE/run"

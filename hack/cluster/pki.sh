@@ -8,7 +8,8 @@
 
 # cert NAME CN ORG USAGE [SAN,...]: a key and a certificate signed by the cluster CA.
 cert() {
-  local name="$1" cn="$2" org="$3" usage="$4" sans="${5:-}" subj="/CN=$2"
+  local name="$1" cn="$2" org="$3" usage="$4" sans="${5:-}"
+  local subj="/CN=$cn"
   [ -f "$PKI/$name.crt" ] && return 0
   [ -n "$org" ] && subj="/O=$org$subj"
   openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null

@@ -1,6 +1,6 @@
 // Reference DRA drivers for hack/bench_reference.py: the official kubeletplugin helper, alone and
 // doing Tandem's per-claim work, so Tandem's prepare path is measured against Go side by side.
-module tandem.dev/hack/bench
+module tandem.dev/hack/go-reference
 
 go 1.26.0
 

@@ -152,7 +152,7 @@ func makeGPUs(n int) []resourceapi.Device {
 }
 
 // readDevices reads the devices to publish from a JSON list of resource.k8s.io/v1 Devices:
-// hack/bench_scale.py hands each instance the devices Tandem published for its node, so that the
+// hack/scale/ hands each instance the devices Tandem published for its node, so that the
 // two drivers offer the scheduler the same devices (attributes without a domain fall into this
 // driver's own).
 func readDevices(path string) ([]resourceapi.Device, error) {

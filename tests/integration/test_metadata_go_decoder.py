@@ -1,7 +1,7 @@
 """Tandem's device metadata files, read by the Go library's own decoder as Kubernetes 1.37's consumers read them.
 
 The files are written by the real MetadataWriter for devices discovered on a simulated HGX H100
-node; hack/bench/cmd/decodemetadata decodes them with k8s.io/dynamic-resource-allocation v0.37.2
+node; hack/go-reference/cmd/decodemetadata decodes them with k8s.io/dynamic-resource-allocation v0.37.2
 (`devicemetadata.DecodeMetadataFromStream`) as a consumer of metadata.resource.k8s.io/v1beta1 and
 one of v1alpha1 would, and validates each object of the stream by the rules of its own version.
 """
@@ -31,7 +31,7 @@ from sim import nvml as sim_nvml
 from sim.profile import h100_node
 from sim.sysfs import render_node
 
-GO_MODULE = Path(__file__).resolve().parents[2] / "hack" / "bench"
+GO_MODULE = Path(__file__).resolve().parents[2] / "hack" / "go-reference"
 BUILD_TIMEOUT = 540  # a first build compiles apimachinery: minutes on 2 cores, seconds once cached
 pytestmark = pytest.mark.timeout(BUILD_TIMEOUT + 60)
 
@@ -55,7 +55,7 @@ def go_decoder(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         timeout=BUILD_TIMEOUT,
     )
-    assert proc.returncode == 0, f"go build of hack/bench/cmd/decodemetadata failed:\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, f"go build of hack/go-reference/cmd/decodemetadata failed:\n{proc.stderr[-4000:]}"
     return binary
 
 

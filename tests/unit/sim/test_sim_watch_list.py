@@ -1,5 +1,5 @@
 """The simulated API server's watch-list streams (`sendInitialEvents`), which client-go v0.37 uses by
-default for informers: the Go reference drivers of hack/bench wait for the end-of-initial-events
+default for informers: the Go reference drivers of hack/go-reference wait for the end-of-initial-events
 bookmark before they publish anything, as they would against a real API server."""
 
 from __future__ import annotations
