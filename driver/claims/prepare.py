@@ -249,6 +249,7 @@ class Preparer:
 
     def _prepare_planned(self, p: _Planned, pod_devices: list[PlannedDevice]) -> PrepareResult:
         ref = p.ref
+        self._unpreparer.undo_if_reallocated(p.ref, p.records, p.ctx)
         records = with_sharing(with_placements(p.records, {d.device.name: d.device for d in p.planned}), p.planned)
         dynamic = any(r.mig for r in records)  # its spec needs the MIG devices, made after phase 1
         spec, ids = (None, {}) if dynamic else self._spec(ref, p.planned, pod_devices)

@@ -1,4 +1,5 @@
-"""NodeUnprepareResources for one claim, and taking a claim's files away while its status goes.
+"""NodeUnprepareResources for one claim, a preparation its claim's new allocation left behind
+undone before the claim is prepared again, and taking a claim's files away while its status goes.
 
 The other half of the two-phase protocol of `driver.claims.prepare`: unprepare removes files
 before the record, so a file on disk always has a record and a crash between the two is retried
@@ -15,10 +16,11 @@ its claim unprepared under it meanwhile takes its files and status away the same
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from driver.claims.allocation import ClaimAPI, ClaimRef, PendingApply
-from driver.claims.checkpoint import Checkpoint
+from driver.claims.allocation import ClaimAPI, ClaimError, ClaimRef, PendingApply
+from driver.claims.checkpoint import Checkpoint, DeviceRecord
 from driver.claims.files import ClaimFiles
 from driver.claims.gpu.mig import MigPartitions
 from driver.claims.gpu.sharing import GpuSharing
@@ -83,6 +85,28 @@ class Unpreparer:
                 log.exception("unprepare failed", extra=ctx)
                 return Unprepared(f"unprepare of claim {ref.namespace}/{ref.name} failed: {e}", error_kind(e))
 
+    def undo_if_reallocated(self, ref: ClaimRef, allocated: Iterable[DeviceRecord], ctx: dict[str, str]) -> None:
+        """Before a prepare: a record of the claim's UID for other devices than the claim is
+        allocated now is unprepared first. The claim was deallocated and allocated again while its
+        preparation here outlived it (an unprepare the kubelet never sent, a kubelet that lost its
+        own record); trusted, the record would answer with the old devices and skip the in-use
+        check of the new ones. Raises ClaimError when the old preparation cannot be undone."""
+        record = self._checkpoint.read().get(ref.uid)
+        if record is None or _identities(record.devices) == _identities(allocated):
+            return
+        log.warning(
+            "claim was prepared here for %s but is allocated %s now: the old preparation is unprepared first",
+            sorted(d.device for d in record.devices),
+            sorted(d.device for d in allocated),
+            extra=ctx,
+        )
+        undone = self.unprepare(ref)
+        if undone.error:
+            raise ClaimError(
+                f"claim {ref.namespace}/{ref.name} is allocated other devices than it was prepared for here, "
+                f"and the old preparation could not be undone: {undone.error}"
+            )
+
     def take_away(self, ref: ClaimRef, ctx: dict[str, str]) -> None:
         """The claim's files removed while the server withdraws our status entries (module docstring)."""
         clearing = self._send_clear(ref, ctx)
@@ -111,3 +135,8 @@ def _cleared(clearing: PendingApply | None, ctx: dict[str, str]) -> None:
     """The answer to a withdrawal `_send_clear` sent, if it sent one."""
     if clearing is not None and (error := clearing.wait()) is not None:
         _not_cleared(error, ctx)
+
+
+def _identities(devices: Iterable[DeviceRecord]) -> frozenset[tuple[str, str, str | None]]:
+    """What an allocation gave a claim, by device identity: pool, device and share."""
+    return frozenset((d.pool, d.device, d.share_id) for d in devices)
