@@ -39,6 +39,7 @@ from driver.claims.prepare import Preparer
 from driver.claims.reconcile import Reconciler
 from driver.claims.usage import ClaimGpuUsage
 from driver.config import Config
+from driver.discovery.nic.device import pci_address_of
 from driver.events import EventRecorder
 from driver.fsutil import boot_id
 from driver.health.cordon import CordonStore
@@ -265,9 +266,11 @@ class Daemon:
         return recorded | self.partitions.owned()
 
     def _allocated_nics(self) -> set[str]:
-        """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod."""
-        prepared = (self.inventory.get(d.device) for c in self.checkpoint.read().values() for d in c.devices)
-        return {dev.nic.pci_address for dev in prepared if dev is not None and dev.nic is not None}
+        """PCI addresses of prepared NICs: they stay published while their netdev is inside a pod,
+        and a prepared one still on the host is not given back. From the records alone: after a
+        restart the inventory has not found a NIC that is inside a pod, and never would."""
+        names = (d.device for c in self.checkpoint.read().values() for d in c.devices)
+        return {address for name in names if (address := pci_address_of(name)) is not None}
 
     def _status_info(self) -> dict[str, Any]:
         """What `tandemctl health` shows about the daemon; `problems` mean degraded, `unready` unhealthy."""

@@ -17,6 +17,7 @@ the same whatever order the kernel reports addresses in. `NicInfo` always carrie
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -58,9 +59,20 @@ _NETNS_MODES = {
 }
 
 
+_DEVICE_NAME = re.compile(r"pci-([0-9a-f]{4})-([0-9a-f]{2})-([0-9a-f]{2})-([0-7])")
+
+
 def device_name(pci_address: str) -> str:
     """`0000:8a:00.0` -> `pci-0000-8a-00-0`: a DNS label that does not change with the netdev."""
     return "pci-" + pci_address.replace(":", "-").replace(".", "-")
+
+
+def pci_address_of(name: str) -> str | None:
+    """`pci-0000-8a-00-0` -> `0000:8a:00.0`, the inverse of `device_name`; None for any other name
+    (a GPU's). A prepared NIC's record names its device, and this is its identity without asking
+    discovery, which after a restart has not found a NIC that is inside a pod."""
+    m = _DEVICE_NAME.fullmatch(name)
+    return f"{m[1]}:{m[2]}:{m[3]}.{m[4]}" if m else None
 
 
 class NicDeviceReader:
