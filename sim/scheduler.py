@@ -233,3 +233,15 @@ def unreserve(srv: Any, claim: dict) -> dict:
     claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
     claim["status"].pop("reservedFor", None)
     return srv.update(claim)
+
+
+def deallocate(srv: Any, claim: dict) -> dict:
+    """Drops the claim's allocation and reservations, as the scheduler does when a pod's binding
+    ends without it (its pod deleted while PreBind waits: Unreserve clears what it wrote): the
+    devices are free for the next allocation at once, to this claim or another, and the API server
+    drops the device status entries with the allocation. The claim keeps its UID."""
+    claim = srv.get("resourceclaims", claim["metadata"]["name"], claim["metadata"]["namespace"])
+    status = claim.get("status") or {}
+    status.pop("allocation", None)
+    status.pop("reservedFor", None)
+    return srv.update(claim)

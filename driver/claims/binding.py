@@ -28,8 +28,18 @@ partitions destroyed. A kill -9 at any step leaves the note: start-up destroys p
 for claims without a record (`MigPartitions.collect`), and the claim, still nominated, is made
 ready again by the new instance.
 
-Which devices carry binding conditions, and what the claim's status says of them, are pure and
-live in `driver.claims.binding_conditions`; this module is the worker.
+A partition is kept only while the claim's allocation names it, by device identity (the GPU and
+placement its device name stands for), checked at every read of the claim and before a partition
+is made for it: a standalone claim deallocated and allocated another partition between two reads
+(its pod deleted before binding, and named again at once) loses the partition it no longer
+holds, which the scheduler already counts free. Kept, that partition made the next claim
+allocated there fail and taint the whole GPU, and a tenant could repeat it.
+
+One worker serves every tenant of the node: which claim it reads next, and for how long, is
+`driver.claims.binding_queue` (turns by namespace, a cap of claims read per namespace, a deadline
+for claims that stay unallocated). Which devices carry binding conditions, and what the claim's
+status says of them, are pure and live in `driver.claims.binding_conditions`; this module is the
+worker.
 """
 
 from __future__ import annotations
@@ -39,23 +49,23 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 from driver.claims.allocation import ClaimLocks, ClaimRef, PrepareSettings
 from driver.claims.binding_conditions import ConditionTypes, binding_results, decided, status_entries
+from driver.claims.binding_queue import WantedClaims, next_turn
 from driver.claims.checkpoint import Checkpoint
 from driver.claims.gpu.mig import MigError, MigPartitions
 from driver.errors import ApiServerError, DeviceError
 from driver.kube.api import NotFound
 from driver.kube.types import AllocatedDeviceStatus, DeviceRequestAllocationResult, ResourceClaim
 from driver.logs import log_context
-from driver.model import BINDING_FAILURE_REASONS, Condition, Device, Health, TaintEffect
+from driver.model import BINDING_FAILURE_REASONS, Condition, Device, Health, MigPlacement, TaintEffect
 
 log = logging.getLogger(__name__)
 
 SOURCE = "binding"  # the inventory's health source for the failure taints
-LOOK_PERIODS = (0.25, 0.5, 1.0, 2.0, 5.0)  # a claim not yet allocated is read again after these
-WANT_FOR = 900.0  # seconds a nominated pod's claim is watched for an allocation, past the scheduler's 10 min
 RECHECK_PERIOD = 2.0  # seconds between reads of a claim made ready and not yet prepared
 
 
@@ -73,15 +83,6 @@ class BindingAPI(Protocol):
     ) -> None:
         """`uid` is required: with it the server refuses to write to a claim that was deleted and
         recreated under the same name, so a late call about the old claim cannot touch the new one."""
-
-
-@dataclass
-class _Wanted:
-    """A claim of a nominated pod: read again at `next_look` until allocated, or until `until`."""
-
-    until: float
-    next_look: float = 0.0
-    looks: int = 0
 
 
 @dataclass
@@ -127,8 +128,9 @@ class PreBinder:
         self._cooldown = cooldown
         self._clock = clock
         self._cond = threading.Condition()
-        self._wanted: dict[tuple[str, str], _Wanted] = {}
+        self._wanted = WantedClaims()
         self._made: dict[str, _Made] = {}
+        self._served = ""  # the namespace served last (`binding_queue.next_turn`)
         self._tainted: dict[str, float] = {}  # device name -> when its failure taint goes
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -138,17 +140,17 @@ class PreBinder:
     def want(self, namespace: str, names: Sequence[str]) -> None:
         """Claims of a pod nominated to this node: each is read until it is allocated here (or not)."""
         with self._cond:
-            until = self._clock() + WANT_FOR
-            for name in names:
-                if (namespace, name) not in self._wanted:
-                    self._wanted[(namespace, name)] = _Wanted(until)
+            self._wanted.add(namespace, names)
             self._cond.notify()
 
     def waiting(self) -> list[dict[str, str]]:
         """What `tandemctl` shows: the claims read for an allocation, and those made ready that
         no prepare has recorded yet (the pod not bound or not started)."""
         with self._cond:
-            out = [{"claim": f"{ns}/{n}", "state": "waiting for allocation"} for ns, n in sorted(self._wanted)]
+            out = [
+                {"claim": f"{ns}/{n}", "state": "waiting for allocation" if read else "queued behind its namespace"}
+                for ns, n, read in self._wanted.listing()
+            ]
             out += [
                 {"claim": f"{m.ref.namespace}/{m.ref.name}", "uid": uid, "state": "ready, waiting for bind"}
                 for uid, m in sorted(self._made.items())
@@ -174,25 +176,38 @@ class PreBinder:
                 if self._stopping:
                     return
                 self._cond.wait(timeout=self._next_wake())
-                if self._stopping:
-                    return
-                now = self._clock()
-                due = [k for k, w in self._wanted.items() if w.next_look <= now]
-                checks = [uid for uid, m in self._made.items() if m.next_check <= now]
-            for key in due:
-                self._step(key)
-            for uid in checks:
-                self._recheck(uid)
+            while not self._stopping and self.step():
+                pass
             self._expire_taints()
 
     def _next_wake(self) -> float | None:
-        times = [w.next_look for w in self._wanted.values()] + [m.next_check for m in self._made.values()]
-        times += list(self._tainted.values())
+        times = [m.next_check for m in self._made.values()] + list(self._tainted.values())
+        wanted = self._wanted.next_time()
+        times += [wanted] if wanted is not None else []
         return max(0.0, min(times) - self._clock()) if times else None
 
-    def _step(self, key: tuple[str, str]) -> None:
+    def step(self) -> bool:
+        """One read of one claim due now, of the namespace whose turn it is (`binding_queue`):
+        a wanted claim's look or a made-ready claim's recheck, whichever of that namespace's is
+        due first. Whether any was due. The worker thread calls it; a test drives it directly."""
+        with self._cond:
+            now = self._clock()
+            due: dict[str, tuple[float, Callable[[], None]]] = {
+                ns: (when, partial(self._step, ns, name)) for ns, (when, name) in self._wanted.due(now).items()
+            }
+            for uid, made in self._made.items():
+                ns = made.ref.namespace
+                if made.next_check <= now and (ns not in due or made.next_check < due[ns][0]):
+                    due[ns] = (made.next_check, partial(self._recheck, uid))
+            if not due:
+                return False
+            self._served = next_turn(due, self._served)
+            work = due[self._served][1]
+        work()
+        return True
+
+    def _step(self, namespace: str, name: str) -> None:
         """One look at a wanted claim; guarded so that one claim's surprise never stops the worker."""
-        namespace, name = key
         with log_context(op="binding", claim_namespace=namespace, claim_name=name):
             try:
                 finished = self._look(namespace, name)
@@ -203,15 +218,7 @@ class PreBinder:
                 log.exception("binding conditions of claim %s/%s", namespace, name)
                 finished = True
         with self._cond:
-            wanted = self._wanted.get(key)
-            if wanted is None:
-                return
-            now = self._clock()
-            if finished or now >= wanted.until:
-                del self._wanted[key]
-            else:
-                wanted.next_look = now + LOOK_PERIODS[min(wanted.looks, len(LOOK_PERIODS) - 1)]
-                wanted.looks += 1
+            self._wanted.looked(namespace, name, finished, self._clock())
 
     def _look(self, namespace: str, name: str) -> bool:
         """Whether the claim needs no more looks: made ready, failed, prepared, gone, or not ours."""
@@ -235,6 +242,7 @@ class PreBinder:
             if uid in self._checkpoint.read():  # the kubelet prepared it meanwhile
                 return True
             try:
+                self._drop_unnamed(uid, results)  # first: a new partition may overlap one no longer named
                 for r in results:
                     self._make_ready(uid, r)
             except (MigError, NotReady) as e:
@@ -321,7 +329,8 @@ class PreBinder:
 
     def _recheck(self, uid: str) -> None:
         """A claim made ready and not yet prepared: destroy its partitions once it is gone,
-        replaced or deallocated (its pod deleted before binding, or its binding failed elsewhere)."""
+        replaced or deallocated (its pod deleted before binding, or its binding failed elsewhere),
+        and those its allocation no longer names once it is allocated again."""
         with self._cond:
             made = self._made.get(uid)
         if made is None:
@@ -329,30 +338,51 @@ class PreBinder:
         ref = made.ref
         done = uid in self._checkpoint.read()
         if not done:
+            results: list[DeviceRequestAllocationResult] | None = None  # not known: nothing is destroyed
             try:
                 claim = self._api.get_claim(ref.namespace, ref.name)
-                alive = (claim.get("metadata") or {}).get("uid") == uid and bool(binding_results(claim, self._s))
+                same = (claim.get("metadata") or {}).get("uid") == uid
+                results = binding_results(claim, self._s) if same else []
             except NotFound:
-                alive = False
+                results = []
             except ApiServerError as e:
                 log.warning("claim %s/%s: %s; read again", ref.namespace, ref.name, e)
-                alive = True
-            if not alive:
-                with self._locks.hold(uid):
-                    if uid not in self._checkpoint.read():
-                        log.info(
-                            "claim %s/%s went before its pod started: destroying its partitions",
-                            ref.namespace,
-                            ref.name,
-                        )
-                        try:
-                            self._partitions.destroy(uid)
-                        except MigError as e:
-                            log.error("%s; tried again", e)
-                            alive = True
-                done = not alive
+            done = results is not None and self._settle(ref, results)
         with self._cond:
             if done:
                 self._made.pop(uid, None)
             else:
                 made.next_check = self._clock() + RECHECK_PERIOD
+
+    def _settle(self, ref: ClaimRef, results: Sequence[DeviceRequestAllocationResult]) -> bool:
+        """Under the claim's lock, what the claim's partitions become now that its allocation reads
+        `results` (none: gone, replaced or deallocated); whether the claim needs no more rechecks.
+        A claim the kubelet prepared meanwhile is prepare's."""
+        with self._locks.hold(ref.uid):
+            if ref.uid in self._checkpoint.read():
+                return True
+            try:
+                if results:
+                    self._drop_unnamed(ref.uid, results)
+                    return False
+                log.info("claim %s/%s went before its pod started: destroying its partitions", ref.namespace, ref.name)
+                self._partitions.destroy(ref.uid)
+            except MigError as e:
+                log.error("%s; tried again", e)
+                return False
+            return True
+
+    def _drop_unnamed(self, uid: str, results: Sequence[DeviceRequestAllocationResult]) -> None:
+        """Destroy the partitions made for claim `uid` that its allocation (`results`) no longer
+        names, by GPU and placement: it was deallocated and allocated again between two reads,
+        and the scheduler counts the old ones free. The claim's lock is held. Nothing goes while a
+        device the allocation names is missing from the inventory (a rediscovery in flight): what
+        it stands for is unknown, so no partition is taken for unnamed."""
+        named: set[MigPlacement] = set()
+        for r in results:
+            device = self._lookup(r["device"])
+            if device is None:
+                return
+            if device.gpu is not None and device.gpu.placement is not None:
+                named.add(device.gpu.placement)
+        self._partitions.destroy(uid, keep=named)

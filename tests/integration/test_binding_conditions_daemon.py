@@ -2,7 +2,7 @@
 partition is made before the pod binds, as soon as the scheduler nominates the pod to the node and
 allocates its claim, and its condition set True; a partition that cannot be made sets the failure
 condition, leaves nothing behind and taints its GPU; a claim that goes before binding takes its
-partition with it; and a kill -9 after the partition is made recovers with one partition.
+partition with it, and one allocated another partition before binding gives the first back; and a kill -9 after the partition is made recovers with one partition.
 
 The scheduler's side is played by the simulated API server and `sim.scheduler.allocate`, which
 copies the device's binding conditions into the allocation as the real allocator does; the pod is
@@ -19,10 +19,12 @@ from waiting import poll
 
 from demo.node import DRIVER
 from sim import nvml as sim_nvml
+from sim.apierrors import ApiError
 from sim.kubelet import ClaimRef
-from sim.scheduler import allocate, claim_object, published_devices, reserve
+from sim.scheduler import allocate, claim_object, deallocate, published_devices, reserve
 
 ONE_G = "gpu-0-mig-1g-10gb-p3"
+THREE_G = "gpu-0-mig-3g-40gb-p4"  # memory slices 4-7, beside ONE_G
 READY, FAILED = f"{DRIVER}/partition-ready", f"{DRIVER}/partition-failed"
 ERROR_UNKNOWN = 999  # NVML_ERROR_UNKNOWN
 
@@ -34,16 +36,21 @@ def node(apiserver, sim_node, start_daemon):
     n.kubelet.close()
 
 
-def nominated(node: Node, name: str, device: str = ONE_G) -> ClaimRef:
-    """A claim allocated to `device` for a pod the scheduler nominated to the node, not yet bound."""
+def nominated(node: Node, name: str, device: str = ONE_G, pod: str = "") -> ClaimRef:
+    """A claim allocated to `device` for a pod (`pod`, else `pod-<name>`) the scheduler nominated
+    to the node, not yet bound; a claim that exists already (deallocated) keeps its UID."""
     request = placement(device)
-    claim = node.apiserver.create(claim_object("default", name, [request]))
+    pod = pod or f"pod-{name}"
+    try:
+        claim = node.apiserver.get("resourceclaims", name, "default")
+    except ApiError:
+        claim = node.apiserver.create(claim_object("default", name, [request]))
     allocate(node.apiserver, claim, DRIVER, "node-a", [request])
     pod_uid = str(uuid.uuid4())
-    reserve(node.apiserver, claim, f"pod-{name}", pod_uid)
+    reserve(node.apiserver, claim, pod, pod_uid)
     node.apiserver.create({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": f"pod-{name}", "namespace": "default", "uid": pod_uid},
+        "metadata": {"name": pod, "namespace": "default", "uid": pod_uid},
         "spec": {"containers": [{"name": "c", "image": "x"}], "resourceClaims": [{"name": "mig", "resourceClaimName": name}]},
         "status": {"nominatedNodeName": "node-a"},
     })  # fmt: skip
@@ -127,3 +134,22 @@ def test_kill_after_the_partition_is_made_recovers_with_one_partition(node: Node
     assert [(p, ci) for p, _, ci in node.instances()] == [("1g.10gb", 0)]
     assert node.kubelet.prepare([ref])[ref.uid].error == ""
     assert [(p, ci) for p, _, ci in node.instances()] == [("1g.10gb", 0)]
+
+
+def test_a_claim_allocated_another_partition_before_binding_gives_the_first_back(node: Node) -> None:
+    """Issue 33: a standalone claim's pod deleted before it binds and named again at once; the
+    scheduler deallocates the claim and allocates it another partition. Whenever the daemon reads
+    it (before or after the new allocation), it ends with the new partition alone, and the next
+    claim allocated the first one binds: no GPU is tainted."""
+    node.start()
+    ref = nominated(node, "again")
+    assert poll(lambda: conditions(node, ref).get(READY) == "True", 30), node.daemon.log_text()
+    node.apiserver.delete("pods", "pod-again", "default")
+    deallocate(node.apiserver, node.apiserver.get("resourceclaims", "again", "default"))
+    assert nominated(node, "again", THREE_G, pod="pod-again-2") == ref  # the same claim UID
+    assert poll(lambda: conditions(node, ref).get(READY) == "True", 30), node.daemon.log_text()
+    assert [p for p, _, _ in node.instances()] == ["3g.40gb"]
+    other = nominated(node, "next", ONE_G)
+    assert poll(lambda: conditions(node, other).get(READY) == "True", 30), node.daemon.log_text()
+    assert sorted(p for p, _, _ in node.instances()) == ["1g.10gb", "3g.40gb"]
+    assert FAILED not in conditions(node, ref) | conditions(node, other)

@@ -171,12 +171,14 @@ class MigPartitions:
         finally:
             self._on_change()
 
-    def destroy(self, claim: str, placements: Iterable[MigPlacement] = ()) -> None:
+    def destroy(self, claim: str, placements: Iterable[MigPlacement] = (), keep: Collection[MigPlacement] = ()) -> None:
         """Destroy the MIG devices of claim `claim`, which is gone: those its record names
         (`placements`) and those the note gives it (its record may have been lost). One the note
         gives another claim is left to that claim: a record names a placement before its prepare
-        finds out whether the placement is free. MigError when NVML refuses one (those before it
-        are gone); NVML is not even opened for a claim that has none."""
+        finds out whether the placement is free. `keep`: the placements the claim's allocation
+        still names, when the claim is not gone but was allocated again (the binding worker,
+        `driver.claims.binding`): only the others go. MigError when NVML refuses one (those before
+        it are gone); NVML is not even opened for a claim that has none."""
         placements = tuple(placements)
         reached = False
         try:
@@ -184,7 +186,7 @@ class MigPartitions:
                 theirs = {p for p, m in notes.items() if m.claim != claim}
                 for p in theirs.intersection(placements):
                     log.warning("%s is claim %s's, not %s's: left to it", describe(p), notes[p].claim, claim)
-                mine = [p for p, m in notes.items() if m.claim == claim]
+                mine = [p for p, m in notes.items() if m.claim == claim and p not in keep]
                 targets = [p for p in dict.fromkeys([*placements, *mine]) if p not in theirs]
                 if not targets:
                     return

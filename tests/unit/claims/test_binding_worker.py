@@ -58,7 +58,7 @@ class NoPartitions:
     def ensure(self, *_: object, **__: object) -> None:
         raise AssertionError("a NIC makes no partition")
 
-    def destroy(self, uid: str) -> None:
+    def destroy(self, uid: str, placements: object = (), keep: object = ()) -> None:
         pass
 
 
