@@ -41,7 +41,7 @@ from driver.claims.usage import ClaimGpuUsage
 from driver.config import Config
 from driver.discovery.nic.device import pci_address_of
 from driver.events import EventRecorder
-from driver.fsutil import boot_id
+from driver.fsutil import boot_id, secure_data_dir
 from driver.health.cordon import CordonStore
 from driver.health.gpu.monitor import GpuHealthMonitor
 from driver.health.gpu.release import GpuReleases
@@ -78,12 +78,12 @@ class Daemon:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.data_dir = config.data_dir
+        secure_data_dir(self.data_dir)  # before anything is read or written there
         self.dra_socket = dra_socket_path(self.data_dir, config.pod_uid)
         self.reg_socket = registration_socket_path(config.registrar_dir, config.driver_name, config.pod_uid)
         self.inventory = Inventory()
         self.api = KubeAPI(config.kubeconfig)
         self.checkpoint = Checkpoint(self.data_dir, boot_id())
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o750)
         # Unique per process, not per pod: a container restarted in the same pod must see the
         # prepares its dead predecessor left half done as dead, and roll them back.
         self.instance = InstanceLock(self.data_dir, f"{config.pod_uid or 'local'}-{uuid.uuid4().hex[:8]}")

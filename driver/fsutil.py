@@ -1,5 +1,6 @@
 """Node-local facts of the data dir shared by the driver's state files: the boot they belong to,
-the lock that serialises their writers, and reading them (their format versions, a bad one set aside).
+the lock that serialises their writers, reading them (their format versions, a bad one set aside),
+and the data dir itself being Tandem's alone (`secure_data_dir`).
 
 Crash-safe writes of those files come from `cdi.atomic_write`, the one implementation of it. A
 file that is not Tandem's to trust (one a tenant can write, a process's `/proc` entry) is read
@@ -53,6 +54,9 @@ from driver.errors import NodeError
 log = logging.getLogger(__name__)
 
 PREPARED_STATE_DURABLE = False  # see the module docstring
+DATA_DIR_MODE = 0o750  # Tandem and its group may look in; only Tandem writes
+_GROUP_OTHER_WRITE = 0o022
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 Upgrade = Callable[[dict[str, Any]], dict[str, Any]]
 """Turns a state file's top-level object of one format version into one of the next version."""
@@ -196,3 +200,85 @@ def read_untrusted(path: Path, limit: int) -> bytes:
     if len(data) > limit:
         raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
     return data
+
+
+def secure_data_dir(path: Path) -> None:
+    """Makes the data dir if it is missing, and checks it as it is: Tandem's safety rests on no one
+    else writing there (docs/security.md), and `mkdir`'s mode applies only to a directory it
+    makes. The kubelet's `hostPath: DirectoryOrCreate` makes it 0755 before Tandem starts; an
+    administrator or another tool may have made it otherwise.
+
+    The data dir and the directories in it and in those (`instances/`, `mps/<gpu>/`,
+    `dra-device-metadata/<claim>/`: where Tandem keeps state; what `mps/<gpu>/` holds, the MPS
+    pipe directories and their link among it, is the tenants' side, never trusted where it is
+    used) must be real directories owned by Tandem's user, and no entry of the data dir or of a
+    directory in it a symlink (Tandem makes none there): otherwise NodeError, saying what to do, and Tandem does not start. A directory
+    that group or others can write becomes theirs no more: the data dir is set to
+    `DATA_DIR_MODE`, one beneath it loses the group and other write bits (the device-metadata
+    directories stay readable, as the runtime mounts them).
+
+    Each directory is opened with `O_NOFOLLOW | O_DIRECTORY`, beneath the data dir relative to its
+    parent's descriptor, and judged and changed through that descriptor (`fstat`, `fchmod`), so a
+    name swapped in between redirects nothing. Nothing is moved, removed or chowned: the other
+    instance of a rolling update keeps its state and sockets here and may run this check at the
+    same moment; each only ever narrows a mode.
+    """
+    with contextlib.suppress(FileExistsError):  # whatever is there is judged below, a dangling link too
+        path.mkdir(parents=True, mode=DATA_DIR_MODE)
+    _secure_tree(path, None, DATA_DIR_MODE, depth=2)
+
+
+def _secure_tree(path: Path, parent_fd: int | None, mode: int | None, depth: int) -> None:
+    """`path` checked (`secure_data_dir`) and set to `mode` (None: less group and other write),
+    then its directories `depth` levels down. Opened relative to `parent_fd` when there is one."""
+    try:
+        fd = os.open(path if parent_fd is None else path.name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        if parent_fd is None:
+            raise
+        return  # removed meanwhile (the other instance of a rolling update, a claim unprepared)
+    except OSError as e:
+        if e.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        raise NodeError(_refusal(path, parent_fd)) from e
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise NodeError(
+                f"{path} belongs to user {st.st_uid}, not to Tandem's ({os.geteuid()}): whoever owns it can "
+                f"change Tandem's state there. If it is Tandem's, give it to Tandem's user (chown {os.geteuid()} "
+                f"{path}) and start Tandem again; if not, move it away and Tandem makes its own"
+            )
+        was = stat.S_IMODE(st.st_mode)
+        wanted = was & ~_GROUP_OTHER_WRITE if mode is None else mode
+        if wanted != was:
+            os.fchmod(fd, wanted)
+            if was & _GROUP_OTHER_WRITE:
+                log.warning(
+                    "state directory %s was writable by group or others (mode %04o), now %04o: what it holds "
+                    "may not all be Tandem's",
+                    path,
+                    was,
+                    wanted,
+                )
+            else:
+                log.info("state directory %s was mode %04o, now %04o", path, was, wanted)
+        if depth:
+            for entry in os.scandir(fd):
+                if entry.is_symlink() or entry.is_dir(follow_symlinks=False):
+                    _secure_tree(path / entry.name, fd, None, depth - 1)
+    finally:
+        os.close(fd)
+
+
+def _refusal(path: Path, parent_fd: int | None) -> str:
+    """Why `path`, which did not open as a directory without following a link, is refused."""
+    try:
+        target = os.readlink(path if parent_fd is None else path.name, dir_fd=parent_fd)
+    except OSError:
+        return f"{path} is not a directory: Tandem keeps its state only in directories of its own. Move it away"
+    return (
+        f"{path} is a symlink (to {target}), not a directory: whoever can change the link decides where Tandem "
+        f"keeps its state. Replace it with the directory it leads to (or remove it: Tandem makes its own) and "
+        f"start Tandem again"
+    )

@@ -25,7 +25,8 @@ render() {
 # Contents, in apply order: Namespace, ResourceQuota (critical-pod admission), ServiceAccount,
 # ClusterRole + ClusterRoleBinding, DaemonSet, DeviceClasses (gpu, mig, nic),
 # ValidatingAdmissionPolicies + Bindings (claims' GpuConfig/NicConfig; own node's, own driver's
-# slices only). Scenario examples live in examples/, docs in docs/.
+# slices only; the driver's Events only about its claims and its own Node). Scenario examples live
+# in examples/, docs in docs/.
 #
 # The driver name `tandem.dev` (the chart's driverName) appears in six places that must agree:
 # DRIVER_NAME in the DaemonSet, the data directory /var/lib/kubelet/plugins/tandem.dev, the

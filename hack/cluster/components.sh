@@ -166,12 +166,19 @@ remove_all_containers() {
 
 # Everything of daemonset.yaml but the DaemonSet: namespace, RBAC, the admission policy and the
 # DeviceClasses. The DaemonSet itself is what the e2e suite deploys (tests/cluster).
+# The chart's objects but the DaemonSet (Tandem runs as a node process here), rendered as
+# daemonset.yaml is but with the RBAC of binding conditions: the cluster tests restart Tandem with
+# --dynamic-mig and --nic-binding-conditions, whose pod watch the default render does not grant.
 install_tandem_objects() {
-  "$repo/.venv/bin/python" - "$repo/daemonset.yaml" <<'PY' | kubectl_admin apply -f - >/dev/null
+  local helm
+  helm="$("$repo/hack/helm.sh")"
+  "$helm" template tandem "$repo/deployments/helm/tandem" --namespace tandem-system --kube-version 1.37.0 \
+    --set nics.bindingConditions=true |
+    "$repo/.venv/bin/python" -c '
 import sys, yaml
-docs = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] != "DaemonSet"]
+docs = [d for d in yaml.safe_load_all(sys.stdin) if d and d["kind"] != "DaemonSet"]
 print(yaml.safe_dump_all(docs))
-PY
+' | kubectl_admin apply -f - >/dev/null
 }
 
 # The simulated NICs' netdevs (veths named and addressed as the NICs), and the kernel's part when a

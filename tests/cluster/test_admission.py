@@ -1,5 +1,7 @@
 """Claim mistakes caught when the claim is written: the ValidatingAdmissionPolicy `tandem-opaque-config`
-of daemonset.yaml, evaluated by the real API server.
+of daemonset.yaml, evaluated by the real API server; and the Events the driver's identity may write
+(`tandem-driver-events`), as the driver on this node (impersonated, with the node name its token's
+extra would carry).
 
 A typo in a claim's GpuConfig or NicConfig must be refused by `kubectl apply`, naming the field as
 the user wrote it, instead of leaving a pod in ContainerCreating with its devices allocated. Every
@@ -127,3 +129,107 @@ def test_the_worst_claim_stays_within_the_cel_cost_limits(cluster: Cluster, poli
     refusal = _create(cluster, policy, _claim([worst] * 32))
     assert f"{P}.mode must be one of shared, exclusive (did you mean exclusive?);" in refusal, refusal
     assert "; and 603 more" in refusal, refusal
+
+
+# -- the driver's Events ---------------------------------------------------------------------------
+
+EVENTS_POLICY = "tandem-driver-events"
+DRIVER_USER = "system:serviceaccount:tandem-system:tandem-driver"
+NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
+
+
+def _event(namespace: str, regarding: dict[str, str], node: str, **fields: Any) -> dict[str, Any]:
+    """An Event as driver/events.py writes it (`_body`), with `fields` changed."""
+    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
+            "metadata": {"generateName": "e2e-", "namespace": namespace},
+            "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": DRIVER,
+            "reportingInstance": f"{DRIVER}-{node}", "action": "PrepareResources", "reason": "PrepareFailed",
+            "type": "Warning", "note": "e2e", "regarding": regarding, **fields}  # fmt: skip
+
+
+def _claim_ref(namespace: str) -> dict[str, str]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c", "namespace": namespace,
+            "uid": "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11"}  # fmt: skip
+
+
+def _node_ref(node: str) -> dict[str, str]:
+    return {"apiVersion": "v1", "kind": "Node", "name": node}
+
+
+def _as_driver(cluster: Cluster, *args: str, node: str | None = None, stdin: str | None = None) -> str:
+    """'' when the API server admits the request of the driver on `node` (its token's extra; None:
+    a token bound to no node), else its refusal."""
+    who = ["--as", DRIVER_USER] + ([] if node is None else ["--as-user-extra", f"{NODE_NAME_EXTRA}={node}"])
+    try:
+        cluster.kubectl(*args, *who, stdin=stdin)
+    except KubectlError as e:
+        return str(e)
+    return ""
+
+
+def _write_event(cluster: Cluster, event: dict[str, Any], node: str | None) -> str:
+    namespace = event["metadata"]["namespace"]
+    return _as_driver(cluster, "create", "--dry-run=server", "-o", "name", "-n", namespace, "-f", "-", node=node,
+                      stdin=json.dumps(event))  # fmt: skip
+
+
+@pytest.fixture
+def events_policy(cluster: Cluster, namespace: str) -> str:
+    """The Events policy and its binding as daemonset.yaml has them now, in force."""
+    docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
+    cluster.apply([d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy") and (
+        d["metadata"]["name"] == EVENTS_POLICY)])  # fmt: skip
+    pod = _event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace},
+                 cluster.node_name)  # fmt: skip
+    wait_for("the Events policy in force", lambda: EVENTS_POLICY in _write_event(cluster, pod, cluster.node_name))
+    return namespace
+
+
+def test_the_drivers_own_events_are_admitted(cluster: Cluster, events_policy: str) -> None:
+    node = cluster.node_name
+    assert _write_event(cluster, _event(events_policy, _claim_ref(events_policy), node), node) == ""
+    assert _write_event(cluster, _event("default", _node_ref(node), node, reason="DeviceUnhealthy"), node) == ""
+
+
+def _refused_events(namespace: str, node: str) -> list[tuple[dict[str, Any], str]]:
+    claim, here = _claim_ref(namespace), _node_ref(node)
+    return [
+        (_event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace}, node),
+         "may write Events only about a ResourceClaim or its own Node, not about a Pod"),
+        (_event("default", claim, node), f"only in the claim's namespace '{namespace}', not in 'default'"),
+        (_event("default", _node_ref("other-node"), node), "may write Events only about its own Node"),
+        (_event(namespace, here, node), f"its own Node, in namespace 'default', not about Node '{node}' in"),
+        (_event(namespace, claim, node, reportingController="kubelet"), "must report its Events as controller"),
+        (_event(namespace, claim, "other-node"), f"instance '{DRIVER}-{node}'"),
+        (_event(namespace, claim, node, related=here), "name no related object"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case", range(7), ids=["pod", "claim-elsewhere", "other-node", "node-elsewhere", "controller", "instance",
+                           "related"],
+)  # fmt: skip
+def test_an_event_the_driver_never_writes_is_refused(cluster: Cluster, events_policy: str, case: int) -> None:
+    event, message = _refused_events(events_policy, cluster.node_name)[case]
+    refusal = _write_event(cluster, event, cluster.node_name)
+    assert f"ValidatingAdmissionPolicy '{EVENTS_POLICY}'" in refusal and message in refusal, refusal
+
+
+def test_an_event_from_a_token_bound_to_no_node_is_refused(cluster: Cluster, events_policy: str) -> None:
+    refusal = _write_event(cluster, _event(events_policy, _claim_ref(events_policy), cluster.node_name), None)
+    assert "no node association found" in refusal, refusal
+
+
+def test_the_driver_may_not_patch_another_components_event(cluster: Cluster, events_policy: str) -> None:
+    """RBAC lets the driver patch any Event (a series' count); the policy only its own: the Event as
+    patched must be reported by the driver on this node, and the API server keeps reportingController
+    and reportingInstance as they were."""
+    theirs = _event(events_policy, _claim_ref(events_policy), cluster.node_name, reportingController="kubelet",
+                    reportingInstance="kubelet-tandem-node")  # fmt: skip
+    theirs["metadata"] = {"name": "theirs", "namespace": events_policy}
+    cluster.apply(theirs)
+    series = json.dumps({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}})
+    refusal = _as_driver(cluster, "patch", "events.events.k8s.io", "theirs", "-n", events_policy, "--dry-run=server",
+                         "--type", "merge", "-p", series, node=cluster.node_name)  # fmt: skip
+    assert f"ValidatingAdmissionPolicy '{EVENTS_POLICY}'" in refusal, refusal
+    assert "must report its Events as controller" in refusal, refusal

@@ -14,7 +14,11 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
+import shutil
 import signal
+import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterable
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from waiting import poll
 
@@ -36,7 +41,8 @@ GPU = Request("gpu", "gpu.tandem.dev", lambda d: attribute(d, "type") == "gpu")
 NIC = Request("nic", "nic.tandem.dev", lambda d: attribute(d, "type") == "nic")
 PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
 DEVICES = 4  # h100_node("node-a", gpus=2, nics=2), the sim_node fixture's default
-MANIFEST = Path(__file__).resolve().parents[2] / "daemonset.yaml"
+REPO = Path(__file__).resolve().parents[2]
+MANIFEST = REPO / "daemonset.yaml"
 SLICE_WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 # The publisher writes at most every 0.5 s (PublisherOptions.min_write_interval): a pool that has
 # seen neither a write nor a sync for several of those intervals has settled.
@@ -203,9 +209,22 @@ def _observed_calls(records: Iterable[RequestRecord]) -> set[ApiCall]:
     return calls
 
 
-def _driver_rules() -> list[dict[str, Any]]:
+def _manifest(*values: str) -> str:
+    """daemonset.yaml, or the chart rendered with `--set` VALUES (helm is built from its Go module)."""
+    if not values:
+        return MANIFEST.read_text()
+    if shutil.which("go") is None:
+        pytest.skip("helm is built from its Go module (hack/helm.sh) and Go is not installed")
+    helm = subprocess.run([REPO / "hack" / "helm.sh"], capture_output=True, text=True, timeout=1800, check=True)
+    sets = [a for v in values for a in ("--set", v)]
+    chart = ["template", "tandem", str(REPO / "deployments/helm/tandem"), "--namespace", "tandem-system"]
+    args = [helm.stdout.strip(), *chart, "--kube-version", "1.37.0", *sets]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, check=True).stdout
+
+
+def _driver_rules(manifest: str) -> list[dict[str, Any]]:
     """The rules of every ClusterRole bound to the DaemonSet's service account."""
-    docs = [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+    docs = [d for d in yaml.safe_load_all(manifest) if d]
     ds = next(d for d in docs if d["kind"] == "DaemonSet")
     account = (ds["metadata"]["namespace"], ds["spec"]["template"]["spec"]["serviceAccountName"])
     roles = {
@@ -250,11 +269,18 @@ def _narrowed(rule: dict[str, Any], grant: ApiCall) -> dict[str, Any]:
     return {**rule, "apiGroups": [grant.api_group], "resources": [grant.resource], "verbs": [grant.verb]}
 
 
-def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, start_daemon):
+@pytest.mark.parametrize(
+    ("flags", "values"),
+    [((), ()), (("--nic-binding-conditions",), ("nics.bindingConditions=true",))],
+    ids=["daemonset.yaml", "binding-conditions"],
+)
+def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, start_daemon, flags, values):
+    """With binding conditions (here on NICs; dynamic MIG turns them on too) the driver also lists
+    and watches the pods nominated to its node, and the chart grants that only then: each manifest
+    is checked against the daemon it runs."""
+    manifest = _manifest(*values)
     node = sim_node()
-    # With binding conditions (here on NICs; dynamic MIG turns them on too) the driver also lists
-    # and watches the pods nominated to its node: the scenario must cover every call it can make.
-    daemon = start_daemon(node, "--nic-binding-conditions")
+    daemon = start_daemon(node, *flags)
     with KubeletSim(node.registry) as kubelet:
         _register(kubelet, registration_socket_path(node.registry, DRIVER))
         _wait_published(apiserver, node)
@@ -297,15 +323,15 @@ def test_rbac_grants_exactly_the_calls_the_driver_makes(apiserver, sim_node, sta
     assert daemon.stop() == 0
 
     observed = _observed_calls(apiserver.requests)
-    rules = _driver_rules()
+    rules = _driver_rules(manifest)
     missing = sorted(str(c) for c in observed if not any(_allows(rule, c) for rule in rules))
     unused = sorted(
         f"{grant.verb} {grant.api_group or 'core'}/{grant.resource} {rule.get('resourceNames', '')}"
         for rule, grant in _grants(rules)
         if not any(_allows(_narrowed(rule, grant), c) for c in observed)
     )
-    assert not missing, f"daemonset.yaml does not allow calls the driver makes: {missing}"
-    assert not unused, f"daemonset.yaml grants what the driver never used in the scenario: {unused}"
+    assert not missing, f"the manifest does not allow calls the driver makes: {missing}"
+    assert not unused, f"the manifest grants what the driver never used in the scenario: {unused}"
 
 
 # -- 2. rolling update ---------------------------------------------------------------------------
@@ -461,3 +487,58 @@ def test_kubelet_restart_registers_again_and_its_slice_wipe_is_repaired(apiserve
         )
         assert {s["metadata"]["name"] for s in _slices(apiserver, node)}.isdisjoint(before)
         assert restarted.unprepare([ref]) == {ref.uid: ""}
+
+
+# -- 6. the data directory as the node has it ---------------------------------------------------
+
+
+def test_a_data_dir_others_could_write_is_made_tandems_alone_at_start(sim_node, start_daemon):
+    """The kubelet's `hostPath: DirectoryOrCreate` makes the data dir (0755) before Tandem starts,
+    and anyone may have made it 0777: the daemon starts and the directory ends 0750, a state
+    directory in it loses the group and other write bits, and what was there stays."""
+    node = sim_node()
+    data = node.plugins / DRIVER
+    (data / "instances").mkdir(parents=True)
+    for d in (data, data / "instances"):
+        os.chmod(d, 0o777)
+    (data / "cordons.json").write_text('{"version": 1, "cordons": {}}')
+    daemon = start_daemon(node)
+    assert poll(lambda: dra_socket_path(data).exists() or daemon.proc.poll() is not None, 60), daemon.log_text()
+    assert daemon.proc.poll() is None, daemon.log_text()
+    assert stat.S_IMODE(data.stat().st_mode) == 0o750
+    assert stat.S_IMODE((data / "instances").stat().st_mode) == 0o755
+    assert (data / "cordons.json").exists()
+    assert "was writable by group or others (mode 0777), now 0750" in daemon.log_text()
+    assert daemon.stop() == 0
+
+
+def _foreign(data: Path, elsewhere: Path) -> str:
+    """The data dir given to nobody (65534): root only, as Tandem runs on a node."""
+    if os.geteuid() != 0:
+        pytest.skip("giving the data dir to another user needs root")
+    data.mkdir(parents=True)
+    os.chown(data, 65534, 65534)
+    return f"{data} belongs to user 65534, not to Tandem's (0)"
+
+
+def _symlinked(data: Path, elsewhere: Path) -> str:
+    """The data dir a link to a directory whoever made the link chose."""
+    data.parent.mkdir(parents=True, exist_ok=True)
+    data.symlink_to(elsewhere)
+    return f"{data} is a symlink (to {elsewhere}), not a directory"
+
+
+@pytest.mark.parametrize("attack", [_symlinked, _foreign], ids=["symlink", "foreign-owner"])
+def test_a_data_dir_that_is_not_tandems_is_refused_and_nothing_is_written(tmp_path, sim_node, start_daemon, attack):
+    """Refused at start with a message that says what to do; nothing is written to where the
+    link leads, and the daemon never registers with the kubelet."""
+    node = sim_node()
+    data = node.plugins / DRIVER
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    message = attack(data, elsewhere)
+    daemon = start_daemon(node)
+    assert daemon.proc.wait(timeout=60) == 1, daemon.log_text()
+    assert message in daemon.log_text() and "start Tandem again" in daemon.log_text()
+    assert list(elsewhere.iterdir()) == []
+    assert not registration_socket_path(node.registry, DRIVER).exists()

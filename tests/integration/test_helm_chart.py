@@ -128,7 +128,8 @@ VALUE_SETS = {
                       "logging.format=text"),
     "metrics": ("metrics.enabled=true",),
     "bare": ("createNamespace=false", "criticalPodsQuota=false", "admissionPolicies.ownNodeSlices=false",
-             "admissionPolicies.claimConfig=false", "kubeletPlugin.priorityClassName=",
+             "admissionPolicies.claimConfig=false", "admissionPolicies.driverEvents=false",
+             "kubeletPlugin.priorityClassName=",
              "image.digest=sha256:" + "ab" * 32),
 }  # fmt: skip
 
@@ -232,7 +233,7 @@ def test_names_follow_the_release(helm: str) -> None:
         d["metadata"]["name"] for d in docs if "namespace" not in d["metadata"] and d["kind"] != "DeviceClass"
     }
     assert cluster_wide == {"other-ns", "other-tandem-driver", "other-tandem-driver-own-node-slices",
-                            "other-tandem-opaque-config"}  # fmt: skip
+                            "other-tandem-opaque-config", "other-tandem-driver-events"}  # fmt: skip
     policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and "own-node" in d["metadata"]["name"])
     assert "system:serviceaccount:other-ns:other-tandem-driver" in policy["spec"]["matchConditions"][0]["expression"]
 
@@ -370,3 +371,93 @@ def test_unsafe_combinations_fail_with_a_reason(
     helm: str, values: tuple[str, ...], namespace: str, message: str
 ) -> None:
     assert message in refusal(helm, *values, namespace=namespace)
+
+
+# -- what the driver's identity may do -------------------------------------------------------------
+
+PODS_RULE = {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
+
+
+def _rules(docs: list[Doc]) -> list[Doc]:
+    return _one(docs, "ClusterRole")["rules"]
+
+
+@pytest.mark.parametrize(
+    ("values", "watches"),
+    [
+        ((), False),
+        (("dynamicMig.gpus=all",), True),
+        (("dynamicMig.gpus={0}", "dynamicMig.bindingConditions=false"), False),
+        (("nics.bindingConditions=true",), True),
+        (("dynamicMig.gpus=all", "dynamicMig.bindingConditions=false", "nics.bindingConditions=true"), True),
+    ],
+    ids=["defaults", "dynamic-mig", "dynamic-mig-without-binding-conditions", "nic-binding-conditions", "both"],
+)
+def test_pods_are_granted_only_where_the_daemon_watches_them(helm: str, values: tuple[str, ...], watches: bool) -> None:
+    """Listing pods reads every pod's spec in the cluster (RBAC cannot narrow it to the pods
+    nominated to one node), and only binding conditions need it: dynamic MIG with its binding
+    conditions, or NIC binding conditions. tests/integration/test_deployment.py checks each
+    manifest against the calls of the daemon it runs."""
+    rules = _rules(render(helm, *values))
+    assert (PODS_RULE in rules) == watches
+    assert [r for r in rules if "pods" in r["resources"] and r != PODS_RULE] == []
+
+
+EVENTS_POLICY = "tandem-driver-events"
+
+
+def _events_policy(docs: list[Doc]) -> tuple[Doc, dict[str, str], list[Doc]]:
+    """The Events policy, its variables (whitespace as one space) and its validations."""
+    (policy,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == EVENTS_POLICY]
+    spec = policy["spec"]
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+    return policy, variables, spec["validations"]
+
+
+def test_the_drivers_events_are_held_to_what_it_writes(helm: str) -> None:
+    """RBAC grants Events in every namespace about anything; the policy admits only those
+    driver/events.py writes: about a ResourceClaim (in its namespace) or the driver's own Node (in
+    `default`), reported as this driver from the node its token names, with no related object
+    (so an UPDATE too: events.k8s.io/v1 keeps those fields immutable). Through events.k8s.io in every version (core/v1 Events are
+    the same resource, matched as equivalent), for the driver's service account only.
+
+    No CEL evaluator runs here: the expressions are pinned as written, and the real API server
+    evaluates them against sample Events in tests/cluster/test_admission.py."""
+    docs = render(helm, "driverName=gpus.example.com")
+    policy, variables, validations = _events_policy(docs)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert rule == {"apiGroups": ["events.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
+                    "resources": ["events"]}  # fmt: skip
+    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding" and (
+        d["spec"]["policyName"] == EVENTS_POLICY)]  # fmt: skip
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
+    user = f"system:serviceaccount:{NAMESPACE}:{account['metadata']['name']}"
+    assert [" ".join(c["expression"].split()) for c in spec["matchConditions"]] == [
+        f'request.userInfo.username == "{user}"'
+    ]
+    assert variables["userNodeName"] == (
+        "request.userInfo.extra[?'authentication.kubernetes.io/node-name'][0].orValue('')"
+    )
+    # driver/events.py: reportingInstance is "<driver>-<node>", cut to the API's 128 characters.
+    assert variables["reporter"] == '"gpus.example.com-" + variables.userNodeName'
+    assert variables["instance"] == (
+        "size(variables.reporter) > 128 ? variables.reporter.substring(0, 128) : variables.reporter"
+    )
+    checks = [" ".join(v["expression"].split()) for v in validations]
+    assert checks == [
+        'variables.userNodeName != ""',
+        "variables.aboutClaim || variables.aboutNode",
+        '!variables.aboutClaim || object.regarding.?namespace.orValue("") == request.namespace',
+        '!variables.aboutNode || object.regarding.?name.orValue("") == variables.userNodeName && '
+        'request.namespace == "default"',
+        'object.?reportingController.orValue("") == "gpus.example.com" && '
+        'object.?reportingInstance.orValue("") == variables.instance',
+        "!has(object.related)",
+    ]
+    assert variables["aboutClaim"] == (
+        'variables.kind == "ResourceClaim" && object.regarding.?apiVersion.orValue("").startsWith("resource.k8s.io/")'
+    )
+    assert variables["aboutNode"] == 'variables.kind == "Node" && object.regarding.?apiVersion.orValue("") == "v1"'
