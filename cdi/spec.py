@@ -348,7 +348,7 @@ class Spec:
     def from_json(cls, text: str | bytes) -> Spec:
         try:
             raw = json.loads(text)
-        except (ValueError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
+        except (ValueError, RecursionError) as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise SpecError("", f"not valid JSON: {e}") from None
         return cls.from_dict(raw)
 

@@ -160,7 +160,7 @@ def _kind_of(path: Path) -> str | None:
         with open(path, "rb") as f:
             data = f.read(MAX_SPEC_BYTES + 1)
         raw = json.loads(data) if len(data) <= MAX_SPEC_BYTES else None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:  # RecursionError: nested too deeply
         log.warning("skipping unreadable CDI spec %s: %s", path, e)
         return None
     kind = raw.get("kind") if isinstance(raw, dict) else None

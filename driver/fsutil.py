@@ -85,7 +85,10 @@ def parse_state(data: bytes, version: int, upgrades: Mapping[int, Upgrade]) -> d
     `upgrades[n]` turns a version-n object into a version n+1 one. Raises StateFileError (NewerFormat
     for a newer version), or ValueError for bytes that are not JSON.
     """
-    raw = json.loads(data)
+    try:
+        raw = json.loads(data)
+    except RecursionError:  # nested deeper than the parser's recursion: no file Tandem wrote
+        raise StateFileError("nested too deeply to be read") from None
     if not isinstance(raw, dict):
         raise StateFileError("top level is not an object")
     doc: dict[str, Any] = raw

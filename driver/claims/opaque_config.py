@@ -180,7 +180,7 @@ def _decode(entry: OpaqueEntry) -> tuple[str, dict[str, Any]]:
     if p.get("apiVersion") != API_VERSION:
         raise ConfigDecodeError(f"{where}.apiVersion must be {API_VERSION!r}, got {_got(p.get('apiVersion'))}")
     kind = p.get("kind")
-    if kind not in _FIELDS:
+    if not isinstance(kind, str) or kind not in _FIELDS:  # a list or object is no key of _FIELDS
         hint = case_hint(kind, _FIELDS) if isinstance(kind, str) else ""
         raise ConfigDecodeError(f"{where}.kind must be one of {sorted(_FIELDS)}, got {_got(kind)}{hint}")
     out: dict[str, Any] = {}

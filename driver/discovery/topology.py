@@ -103,7 +103,8 @@ def _online_nodes(node_dir: Path) -> list[int]:
         names = [p.name for p in node_dir.iterdir()]
     except OSError:
         return []
-    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isdigit())
+    # isascii: `isdigit` also takes "²", which `int` refuses
+    return sorted(int(n[4:]) for n in names if n.startswith("node") and n[4:].isascii() and n[4:].isdigit())
 
 
 def _socket(sysfs_root: Path, node: int) -> int | None:

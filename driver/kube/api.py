@@ -124,6 +124,12 @@ def _decode(resp: Response, what: str, limit: int = OBJECT_LIMIT) -> dict[str, A
     return obj
 
 
+def _metadata(obj: dict[str, Any]) -> dict[str, Any]:
+    """An answer's `metadata`, or {} when it has none that is an object (a server's word)."""
+    metadata = obj.get("metadata")
+    return metadata if isinstance(metadata, dict) else {}
+
+
 def _discard(resp: Response, what: str) -> None:
     """Read the body (`_body`) so that the connection can carry the next request."""
     _body(resp, what, OBJECT_LIMIT)
@@ -231,7 +237,7 @@ class KubeAPI:
     def get_node(self, name: str) -> NodeRef:
         what = f"get node {name}"
         obj = _decode(self._request("GET", f"/api/v1/nodes/{_q(name)}", what), what)
-        uid = obj.get("metadata", {}).get("uid")
+        uid = _metadata(obj).get("uid")
         if not isinstance(uid, str) or not uid:
             raise ApiError(f"{what}: node has no metadata.uid", retryable=False)
         return NodeRef(name=name, uid=uid)
@@ -307,7 +313,7 @@ class KubeAPI:
         items = obj.get("items") or []
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise ApiError(f"{what}: malformed list", retryable=True)
-        rv = obj.get("metadata", {}).get("resourceVersion", "")
+        rv = _metadata(obj).get("resourceVersion", "")
         return items, str(rv)
 
     def _watch(self, path: str, selector: str, resource_version: str, timeout_seconds: int, what: str) -> Watch:

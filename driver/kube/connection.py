@@ -112,7 +112,7 @@ class Response:
         else:
             try:
                 when = email.utils.parsedate_to_datetime(value)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # OverflowError: a year past any calendar
                 return 0.0
             seconds = (when if when.tzinfo else when.replace(tzinfo=UTC)).timestamp() - time.time()
         return min(max(seconds, 0.0), RETRY_AFTER_MAX)

@@ -130,13 +130,16 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
             doc = yaml.safe_load(path.read_text()) or {}
         except FileNotFoundError:
             continue  # kubectl skips a listed file that does not exist
-        except (OSError, yaml.YAMLError, UnicodeDecodeError) as e:
+        except (OSError, yaml.YAMLError, UnicodeDecodeError, RecursionError) as e:  # nested too deeply
             raise KubeconfigError(f"kubeconfig {path}: {e}") from e
         if not isinstance(doc, dict):
             raise KubeconfigError(f"kubeconfig {path}: not a mapping")
         found.append(path)
         for section, key in (("clusters", "cluster"), ("users", "user"), ("contexts", "context")):
-            for entry in doc.get(section) or []:
+            entries = doc.get(section) or []
+            if not isinstance(entries, list):
+                raise KubeconfigError(f"kubeconfig {path}: {section} is not a list")
+            for entry in entries:
                 if isinstance(entry, dict) and isinstance(entry.get("name"), str):
                     merged[section].setdefault(entry["name"], (entry.get(key) or {}, path.parent))
         current = current or str(doc.get("current-context") or "")
@@ -148,12 +151,13 @@ def from_kubeconfig(paths: str) -> ClusterAccess:
     cluster, cluster_dir = _entry(merged, "clusters", str(context.get("cluster") or ""))
     user, user_dir = _entry(merged, "users", str(context.get("user") or "")) if context.get("user") else ({}, Path())
     server = str(cluster.get("server") or "").rstrip("/")
-    if urlsplit(server).scheme not in ("http", "https") or not urlsplit(server).netloc:
+    scheme = urlsplit(server).scheme  # lower case, as the connection reads it: `HTTPS://` is https
+    if scheme not in ("http", "https") or not urlsplit(server).netloc:
         raise KubeconfigError(f"kubeconfig {paths}: cluster {context.get('cluster')!r} has no valid server URL")
     return ClusterAccess(
         server=server,
         credentials=_credentials(user, user_dir, paths),
-        tls=_tls(cluster, cluster_dir, user, user_dir) if server.startswith("https:") else None,
+        tls=_tls(cluster, cluster_dir, user, user_dir) if scheme == "https" else None,
         proxy=str(cluster["proxy-url"]) if cluster.get("proxy-url") else _env_proxy(server),
     )
 

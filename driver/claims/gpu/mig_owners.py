@@ -100,6 +100,6 @@ class MigOwners:
                     str(row["parentUUID"]), int(row["profileID"]), int(row["start"]), int(row["size"])
                 )
                 out[placement] = Made(str(row["claim"]), str(row["owner"]))
-            except (TypeError, KeyError, ValueError) as e:
+            except (TypeError, KeyError, ValueError, OverflowError) as e:  # OverflowError: int() of an infinity
                 log.error("%s: an entry that is no GPU instance is dropped (%s: %s)", self.path, type(e).__name__, e)
         return out

@@ -102,7 +102,7 @@ class LinkSysfs:
             return {}
         out: dict[int, Fault | None] = {}
         for name in sorted(names):
-            if not name.isdigit():
+            if not (name.isascii() and name.isdigit()):  # `isdigit` also takes "²", which `int` refuses
                 continue
             state = self._port_state(f"{ports}/{name}/state")
             if state is None:
