@@ -7,6 +7,7 @@
 #   hack/cluster.sh status  what runs, and where each component logs
 #   hack/cluster.sh down    stop everything and remove the cluster's state
 #   hack/cluster.sh restart COMPONENT [NODE]   e.g. kubelet, containerd, kube-apiserver, tandem
+#   hack/cluster.sh etcd-save|etcd-restore   copy etcd's data aside; put it back (API server restarted)
 #   hack/cluster.sh image [TAG [COMMIT]]  build the Dockerfile's image (of COMMIT: cached), load it
 #                           into every node
 #   hack/cluster.sh build   only build (or find cached) binaries and images
@@ -47,9 +48,11 @@ case "${1:-}" in
     esac
     ;;
   restart) cluster_restart "${2:?which component?}" "${@:3}" ;;
+  etcd-save) cluster_etcd_save ;;
+  etcd-restore) cluster_etcd_restore ;;
   image) cluster_image "${2:-localhost/tandem-driver:dev}" "${3:-}" ;;
   *)
-    sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
+    sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2
     exit 2
     ;;
 esac

@@ -5,7 +5,9 @@ a real server, so everything here speaks real Kubernetes REST/JSON: metav1.Statu
 right codes, list envelopes, chunked newline-delimited watch streams with 410 Gone for expired
 resourceVersions and watch-list streams (`sendInitialEvents`, client-go's default), server-side
 apply of claim status. Faults (error codes, delays, dropped watches) can be injected to test the
-driver's retry paths, and every request is logged for assertions.
+driver's retry paths, and every request is logged for assertions. `snapshot` and `restore` are an
+etcd backup and its restore under a restarted API server (`apistore`); `restore()` with no
+snapshot is an API server started empty.
 
 Storage and admission live in `apistore`, validation in `apivalidate`, URL paths and discovery
 documents in `apiroutes`; this module is the HTTP door plus an in-process door (`srv.create`, `srv.get`, ...) that goes through the same admission rules.
@@ -37,7 +39,7 @@ import yaml
 from sim import apiroutes, apivalidate
 from sim.apierrors import ApiError, bad_request
 from sim.apiselect import field_selector, label_selector
-from sim.apistore import Store, Watcher
+from sim.apistore import Snapshot, Store, Watcher
 from sim.apitypes import ResourceType
 
 PathT = TypeVar("PathT", str, os.PathLike)
@@ -171,6 +173,17 @@ class SimApiServer:
             self._httpd.close_connections()
             self._httpd.server_close()
             self._httpd = None
+
+    def snapshot(self) -> Snapshot:
+        """A backup of every object and the revision (etcdctl snapshot save)."""
+        return self.store.snapshot()
+
+    def restore(self, snapshot: Snapshot | None = None) -> None:
+        """etcd restored from `snapshot` (None: started empty) and the API server restarted on it:
+        the objects and revision go back, every watch ends and kept-alive connections drop."""
+        self.store.restore(snapshot)
+        if self._httpd is not None:
+            self._httpd.close_connections()
 
     def __enter__(self) -> SimApiServer:
         return self.start()

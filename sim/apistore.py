@@ -5,6 +5,14 @@ history that watches read from. Stored objects are never mutated in place (each 
 new dict), so events can share them, and readers get copies. Every write goes through the same
 admission path (defaulting, canonicalisation, validation, resourceVersion preconditions), whether
 it came over HTTP or from a test in the same process.
+
+A backup and its restore: `snapshot` keeps the objects and the revision, `restore` puts them
+back as etcd restored from that backup does (the backup's objects with their old
+resourceVersions, numbering going on from its revision; `restore()` with none is an API server
+started empty). The API server is restarted on it, so every watch ends and the event history
+starts afresh at the restored revision: a watch from before it is 410 Gone, and one from beyond
+it (a client that saw the lost history) is refused as kube-apiserver's watch cache refuses it,
+504 "Too large resource version" (a real one first waits up to 3 s for its cache to catch up).
 """
 
 from __future__ import annotations
@@ -60,6 +68,14 @@ class Event:
     rtype: ResourceType
     obj: dict[str, Any]
     old: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The objects and the revision at one moment: what an etcd backup holds."""
+
+    objects: dict[str, dict[Key, dict[str, Any]]]
+    rv: int
 
 
 @dataclass
@@ -318,7 +334,27 @@ class Store:
                 raise bad_request(f"invalid resource version {resource_version!r}") from None
             if since_rv < self._evicted_rv:
                 raise gone(since_rv, self._evicted_rv + 1)
+            if since_rv > self._rv:
+                raise too_large(since_rv, self._rv)
             return Watcher(self, rtype, namespace, match, since_rv, [], self._epoch)
+
+    # --- backup and restore ---------------------------------------------------------------------
+
+    def snapshot(self) -> Snapshot:
+        """The objects and the revision now (the objects are shared: stored ones never change)."""
+        with self._cond:
+            return Snapshot({plural: dict(objs) for plural, objs in self._objects.items()}, self._rv)
+
+    def restore(self, snapshot: Snapshot | None = None) -> None:
+        """Put the objects and the revision back to `snapshot`, or to an empty store at revision 0
+        (module docstring); every open watch ends."""
+        with self._cond:
+            self._objects = {t.plural: dict(snapshot.objects[t.plural]) if snapshot else {} for t in RESOURCE_TYPES}
+            self._rv = snapshot.rv if snapshot else 0
+            self._events.clear()
+            self._evicted_rv = self._rv
+            self._epoch += 1
+            self._cond.notify_all()
 
     @property
     def open_watches(self) -> int:
@@ -653,6 +689,17 @@ class Watcher:
 
 def gone(requested: int, oldest: int) -> ApiError:
     return ApiError(410, f"too old resource version: {requested} ({oldest})", "Expired")
+
+
+def too_large(requested: int, current: int) -> ApiError:
+    """kube-apiserver's answer to a watch from a resourceVersion it has not reached."""
+    message = f"Too large resource version: {requested}, current: {current}"
+    return ApiError(
+        504,
+        message,
+        "Timeout",
+        {"causes": [{"reason": "ResourceVersionTooLarge", "message": message}], "retryAfterSeconds": 1},
+    )
 
 
 # --- per-resource strategies ----------------------------------------------------------------------

@@ -13,6 +13,15 @@ list's snapshot is not put back from it. The list is a consistent read, so a del
 it was asked for is already missing from it. Of two lists in flight at once, the older answer
 is dropped if the newer one was merged first.
 
+A consistent list answers at a resourceVersion no lower than any the cache had met when it was
+asked (a list, an event, one of our writes). One that answers lower comes from a server whose
+history went back: etcd restored from a backup keeps the backup's objects with their old
+versions and numbers on from there, or an API server started empty numbers from the start. The
+cache then holds versions that server never had, so "newer wins" would keep them against it
+for ever (updates refused with 404 or 409, lists dropped as old). Such a list resets the cache:
+it is taken as it is, with a WARNING line that says so, and `resets` counts it. A list asked
+before a reset answers for the server before it, and is dropped.
+
 The cache is `current` from a list until the watch fails: a sync that agrees with it then confirms
 nothing (`driver.slices.progress`). Every failed watch and list is reported (`failed`), except a
 410 Gone: a resourceVersion that left the server's history is how a watch ends, not a failure.
@@ -76,11 +85,13 @@ class LiveSlices:
         # Guarded by _cond:
         self._live: dict[str, dict[str, Any]] = {}
         self._list_rv: int | None = None
+        self._seen_rv: int | None = None  # the highest resourceVersion met: lists, events, our writes
         self._relists = 0  # lists in flight
         self._deleted: dict[str, int] = {}  # name -> resourceVersion of deletions seen meanwhile
         self.listed = False
         self.current = False  # listed, and the watch has not failed since
         self.watch_restarts = 0  # times the watch was opened again after it ended or failed
+        self.resets = 0  # times a list showed the server's history gone back (module docstring)
         self._watch: Watch | None = None
         self._thread: threading.Thread | None = None
 
@@ -111,7 +122,14 @@ class LiveSlices:
         if cur is not None and new_rv is not None and (resource_version(cur) or -1) >= new_rv:
             return False
         self._live[name] = obj
+        self._saw(new_rv)
         return True
+
+    def _saw(self, rv: int | None) -> None:
+        """The server has reached `rv`: a later consistent list answers at no lower one. Caller
+        holds the condition."""
+        if rv is not None and (self._seen_rv is None or rv > self._seen_rv):
+            self._seen_rv = rv
 
     def remove(self, name: str) -> None:
         """A slice this process deleted. Caller holds the condition."""
@@ -121,10 +139,11 @@ class LiveSlices:
         """List the slices again; returns the list's resourceVersion to watch from."""
         with self._cond:
             self._relists += 1
+            asked = (self._seen_rv, self.resets)
         try:
             items, rv = self._api.list_slices(self._node, self._driver)
             with self._cond:
-                self._merge(items, int(rv) if rv.isdigit() else None)
+                self._merge(items, int(rv) if rv.isdigit() else None, *asked)
         finally:
             with self._cond:
                 self._relists -= 1
@@ -132,10 +151,24 @@ class LiveSlices:
                     self._deleted.clear()
         return rv
 
-    def _merge(self, items: list[dict[str, Any]], list_rv: int | None) -> None:
-        """Make the listed slices the cache, keeping what happened after the list's snapshot.
-        Caller holds the condition."""
-        if list_rv is not None and self._list_rv is not None and list_rv < self._list_rv:
+    def _merge(self, items: list[dict[str, Any]], list_rv: int | None, seen_rv: int | None, resets: int) -> None:
+        """Make the listed slices the cache, keeping what happened after the list's snapshot;
+        `seen_rv` and `resets` are what the cache had when the list was asked. Caller holds the
+        condition."""
+        if resets != self.resets:
+            return  # asked of the server as it was before its history went back
+        if list_rv is not None and seen_rv is not None and list_rv < seen_rv:
+            log.warning(
+                "the API server's resourceVersion went back from %d to %d (etcd restored from a backup, "
+                "or an API server started empty?): forgetting the %d cached slice(s) and taking its list",
+                seen_rv,
+                list_rv,
+                len(self._live),
+            )
+            self._live, self._list_rv, self._seen_rv = {}, None, None
+            self._deleted.clear()
+            self.resets += 1
+        elif list_rv is not None and self._list_rv is not None and list_rv < self._list_rv:
             return  # a newer list was merged meanwhile: this one has nothing it lacks
         fresh = {}
         for obj in items:
@@ -155,6 +188,7 @@ class LiveSlices:
                     fresh[name] = obj
         self._live = fresh
         self._list_rv = list_rv
+        self._saw(list_rv)
         self.listed = self.current = True
         self._changed()
 
@@ -183,6 +217,11 @@ class LiveSlices:
             except Exception as exc:
                 if self._stop.is_set():
                     return
+                if time.monotonic() - opened >= 1.0:
+                    # A watch that worked failed: a new outage, whose first list is not to wait as
+                    # long as the last one's did (a health check would see the broken watch, not
+                    # the unreachable server, for seconds).
+                    backoff.reset()
                 with self._cond:  # the publisher's confirmations see both at once
                     self.current = False
                     if isinstance(exc, ApiError) and exc.status == 410:
@@ -226,6 +265,7 @@ class LiveSlices:
             if self._list_rv is not None and obj_rv is not None and obj_rv <= self._list_rv:
                 return  # already part of the last list
             if etype == "DELETED":
+                self._saw(obj_rv)
                 if self._relists and obj_rv is not None:
                     self._deleted[name] = obj_rv  # for the lists in flight to merge (`relist`)
                 if self._live.pop(name, None) is None:

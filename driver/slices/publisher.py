@@ -4,7 +4,7 @@ The publisher feeds the pure half (`build_slices`, `plan`) and carries the plann
 through `KubeAPI`: bursts of device changes are coalesced into few syncs, writes are
 rate-limited, failures retried with backoff, and a server that silently drops list-typed
 attributes, device taints, shared counters, consumable capacity or binding conditions (feature
-gate off) is answered with a fallback instead of endless rewrites (`driver.slices.plan.DROPPABLE`).
+gate off) is answered with a fallback instead of endless rewrites (`driver.slices.fallbacks`).
 What came of its attempts (failures by reason, the last publish) is kept by
 `driver.slices.progress`.
 """
@@ -22,17 +22,10 @@ from typing import Any
 from driver.backoff import Backoff, Retry
 from driver.kube.api import ApiError, Conflict, KubeAPI, NotFound, retry_after
 from driver.model import Device
-from driver.slices.build import (
-    SCALAR_CAPABLE_LIST_ATTRIBUTES,
-    build_slices,
-    device_to_api,
-    metadata,
-    scalar_attributes,
-    taint_times_of,
-)
+from driver.slices.build import SCALAR_CAPABLE_LIST_ATTRIBUTES, build_slices, device_to_api, metadata, taint_times_of
 from driver.slices.cache import LiveSlices
-from driver.slices.plan import DROPPABLE as _DROPPABLE
-from driver.slices.plan import list_attributes_dropped, plan
+from driver.slices.fallbacks import Fallbacks
+from driver.slices.plan import plan
 from driver.slices.progress import PublishProgress
 
 log = logging.getLogger(__name__)
@@ -111,10 +104,7 @@ class SlicePublisher:
         self._dirty_since = 0.0
         self._retry_at = 0.0
         self._last_write = float("-inf")
-        self._list_mode = True
-        # Features a server may silently drop (its gate off): each is published until a stored
-        # slice shows it dropped, then left out, or every sync would rewrite what the server drops.
-        self._modes = dict.fromkeys(_DROPPABLE, True)
+        self._fallbacks = Fallbacks(self._cond, self._mark_dirty, self._opts.scalar_capable_attributes)
         self._stats = PublisherStats()
         self._skipped: set[str] = set()
         self._writing = False
@@ -179,8 +169,12 @@ class SlicePublisher:
     @property
     def list_attributes_active(self) -> bool:
         """False once the server was seen dropping list-typed attributes (scalar fallback)."""
-        with self._cond:
-            return self._list_mode
+        return self._fallbacks.list_attributes
+
+    @property
+    def taints_active(self) -> bool:
+        """False once the server was seen dropping device taints."""
+        return self._fallbacks.sent("taints")
 
     # -- worker ----------------------------------------------------------------------------
 
@@ -191,12 +185,7 @@ class SlicePublisher:
         self._cond.notify_all()
 
     def _desired(self, devices: Sequence[Device], live: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        devices = [d for d in devices if self._publishable(d)]
-        if not self._list_mode:
-            devices = [scalar_attributes(d, self._opts.scalar_capable_attributes) for d in devices]
-        for feature, on in self._modes.items():
-            if not on:
-                devices = _DROPPABLE[feature].leave_out(devices)
+        devices = self._fallbacks.adapt([d for d in devices if self._publishable(d)])
         assert self._node_uid is not None
         return build_slices(devices, self._driver, self._node, self._node_uid, 0, taint_times=taint_times_of(live))
 
@@ -229,9 +218,7 @@ class SlicePublisher:
         backoff = Retry(Backoff(initial=self._opts.backoff_initial, maximum=self._opts.backoff_max))
         while not self._stop.is_set():
             try:
-                ref = self._api.get_node(self._node)
-                with self._cond:
-                    self._node_uid = ref.uid
+                self._read_node()
                 break
             except Exception as exc:  # never let the publisher thread die: retry everything
                 self.progress.failed(exc)
@@ -249,17 +236,20 @@ class SlicePublisher:
             return
         self._cache.start_watch(rv)
         backoff.reset()
-        relist = False
+        relist, resets = False, 0
         while self._wait_due():
             try:
                 if relist:
                     self._cache.relist()
                     relist = False
+                if self._cache.resets != resets:  # a restored server's Node may be a new one
+                    self._read_node()
+                    resets = self._cache.resets
                 self._sync_once()
                 self._confirmed()
                 backoff.reset()
             except Exception as exc:  # a publisher must survive anything the API or caller throws
-                if isinstance(exc, ApiError) and self._lists_rejected(exc):
+                if isinstance(exc, ApiError) and self._fallbacks.refused(exc, self._get_devices()):
                     continue
                 relist = isinstance(exc, (Conflict, NotFound))
                 delay = backoff.next(retry_after(exc))
@@ -268,6 +258,14 @@ class SlicePublisher:
                     self._retry_at = time.monotonic() + delay
                     self._mark_dirty()
 
+    def _read_node(self) -> None:
+        """The Node's UID, which owns the slices: at start, and again after the server's history
+        went back (`LiveSlices.resets`), where the kubelet may have registered the Node anew (a
+        server started empty): slices owned by the old UID would be garbage-collected for ever."""
+        ref = self._api.get_node(self._node)
+        with self._cond:
+            self._node_uid = ref.uid
+
     def _confirmed(self) -> None:
         """A sync left the live slices equal to the desired ones: published, if the watch keeps
         the cache it compared with current (a stale copy confirms nothing). Under the condition,
@@ -275,44 +273,6 @@ class SlicePublisher:
         with self._cond:
             if self._cache.current:
                 self.progress.published()
-
-    def _lists_rejected(self, exc: ApiError) -> bool:
-        """Switch to scalar attributes if the server refused our list-typed ones.
-
-        A server with DRAListTypeAttributes off drops the list value and then rejects the
-        now-empty attribute with "exactly one value must be specified" (docs/reference/resource-api.md, 'Attributes').
-        """
-        if not (self._list_mode and exc.status == 422 and "exactly one value must be specified" in str(exc)):
-            return False
-        if not any(isinstance(v, tuple) for d in self._get_devices() for v in d.attributes.values()):
-            return False
-        self._fall_back_to_scalars()
-        return True
-
-    def _stop_publishing(self, feature: str) -> None:
-        with self._cond:
-            if not self._modes[feature]:
-                return
-            log.error("%s; publishing without it to avoid endless rewrites", _DROPPABLE[feature].why)
-            self._modes[feature] = False
-            self._mark_dirty()
-
-    @property
-    def taints_active(self) -> bool:
-        """False once the server was seen dropping device taints."""
-        with self._cond:
-            return self._modes["taints"]
-
-    def _fall_back_to_scalars(self) -> None:
-        with self._cond:
-            if not self._list_mode:
-                return
-            log.warning(
-                "the API server does not store list-typed device attributes (feature gate "
-                "DRAListTypeAttributes off?); publishing scalar attributes instead"
-            )
-            self._list_mode = False
-            self._mark_dirty()
 
     def _wait_due(self) -> bool:
         """Block until a sync is due; False when stopping."""
@@ -342,8 +302,7 @@ class SlicePublisher:
         with self._cond:
             live = self._cache.snapshot()
             self._stats.syncs += 1
-            modes = (self._list_mode, *self._modes.values())
-            inputs = (modes, self._node_uid, live, devices)  # everything the plan depends on
+            inputs = (self._fallbacks.key(), self._node_uid, live, devices)  # everything the plan depends on
             if inputs == self._agreed:  # cheap when unchanged: the same objects compare by identity
                 self._cond.notify_all()
                 return
@@ -370,7 +329,10 @@ class SlicePublisher:
                     self._count("deletes")
                     self._cache.remove(name)
             for body in p.updates:
-                self._stored("updates", body, self._api.update_slice(body))
+                try:
+                    self._stored("updates", body, self._api.update_slice(body))
+                except NotFound:
+                    self._recreate(body)
             for body in p.creates:
                 self._stored("creates", body, self._api.create_slice(body))
         finally:
@@ -378,6 +340,18 @@ class SlicePublisher:
                 self._writing = False
                 self._last_write = time.monotonic()
                 self._cond.notify_all()
+
+    def _recreate(self, body: dict[str, Any]) -> None:
+        """A slice the cache holds is gone from the server (deleted before its watch event came,
+        or a server restored from a backup without it): create it under its name instead of
+        listing and planning again, so that no update is sent for a slice that is not there."""
+        meta = metadata(body)
+        name = str(meta.get("name"))
+        log.info("slice %s is gone from the API server; creating it again", name)
+        with self._cond:
+            self._cache.remove(name)
+        kept = {k: meta[k] for k in ("name", "labels", "annotations", "ownerReferences") if k in meta}
+        self._stored("creates", body, self._api.create_slice({**body, "metadata": kept}))
 
     def _count(self, kind: str) -> None:
         """Count one write. Caller holds _cond, and updates the cache in the same critical
@@ -392,8 +366,4 @@ class SlicePublisher:
             if not isinstance(name, str):
                 raise ApiError("server returned a slice without metadata.name", retryable=True)
             self._cache.put(name, stored)
-        if self._list_mode and list_attributes_dropped(sent, stored):
-            self._fall_back_to_scalars()
-        for feature, on in list(self._modes.items()):
-            if on and _DROPPABLE[feature].dropped(sent, stored):
-                self._stop_publishing(feature)
+        self._fallbacks.check(sent, stored)

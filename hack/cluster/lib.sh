@@ -211,6 +211,41 @@ cluster_restart() {
   "$starter"
 }
 
+# cluster_etcd_save / cluster_etcd_restore: a copy of etcd's data directory, and etcd put back to
+# it as a restore from a backup is done (what Tandem must catch up with: tests/cluster/
+# test_etcd_restore.py). etcd is stopped for the copy, so that its database and WAL are of one
+# moment; the API server rides that out. For the restore the API server is stopped first and started
+# again on the restored data, as upstream's runbook says: its watch cache would go on serving what
+# etcd no longer has. The restored etcd keeps the copy's objects with their resourceVersions and
+# numbers on from the copy's revision.
+cluster_etcd_save() {
+  need_root
+  find_build || die "the cluster is not built yet: run hack/cluster.sh up"
+  detect_host_ip
+  running etcd || die "etcd is not running: hack/cluster.sh up"
+  stop etcd
+  rm -rf "$STATE/etcd-backup"
+  cp -a "$STATE/etcd" "$STATE/etcd-backup"
+  start_etcd
+  say "etcd's data saved in $STATE/etcd-backup"
+}
+
+cluster_etcd_restore() {
+  need_root
+  find_build || die "the cluster is not built yet: run hack/cluster.sh up"
+  detect_host_ip
+  [ -d "$STATE/etcd-backup" ] || die "no etcd backup: hack/cluster.sh etcd-save first"
+  stop kube-apiserver
+  stop etcd
+  rm -rf "$STATE/etcd-restoring"
+  cp -a "$STATE/etcd-backup" "$STATE/etcd-restoring"
+  rm -rf "$STATE/etcd"
+  mv "$STATE/etcd-restoring" "$STATE/etcd"
+  start_etcd
+  start_apiserver
+  say "etcd restored from $STATE/etcd-backup; the API server started again on it"
+}
+
 # cluster_image TAG [COMMIT]: the project's image (of COMMIT: build_tandem_image), as the
 # DaemonSet would pull it, in every node's containerd.
 cluster_image() {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -507,3 +508,124 @@ def test_sharing_dropped_by_the_server_falls_back_to_whole_nics(
     pub.trigger()
     assert pub.wait_synced(DEADLINE)
     assert pub.stats.writes == writes, "a synced pool must not be rewritten"
+
+
+# -- an API server whose history went back -----------------------------------------------------
+
+CORDON = Taint("tandem.dev/cordoned", TaintEffect.NO_SCHEDULE, "sre")
+
+
+def _taints(srv: Any) -> dict[str, list[str]]:
+    return {
+        d["name"]: [t["key"] for t in d.get("taints") or []] for s in live_slices(srv) for d in s["spec"]["devices"]
+    }
+
+
+def test_a_restored_backup_is_an_api_server_like_etcd_restored(srv: Any, api: KubeAPI) -> None:
+    """The simulation of a restore that the tests below rely on: the backup's objects with their
+    old resourceVersions, numbering on from its revision, a watch from before it 410 Gone and one
+    from beyond it refused as kube-apiserver's watch cache refuses it."""
+    before = srv.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n2"}, "spec": {}})
+    backup = srv.snapshot()
+    later = srv.update({**before, "metadata": {**before["metadata"], "labels": {"x": "y"}}})
+    srv.restore(backup)
+    assert srv.get("nodes", "n2") == before
+    again = srv.update({**before, "metadata": {**before["metadata"], "labels": {"x": "z"}}})
+    assert again["metadata"]["resourceVersion"] == later["metadata"]["resourceVersion"]
+    with pytest.raises(ApiError) as err:
+        next(api.watch_slices(NODE, DRIVER, str(int(again["metadata"]["resourceVersion"]) + 5), 5))
+    assert err.value.status == 504 and "Too large resource version" in str(err.value)
+    with pytest.raises(ApiError) as err:
+        next(api.watch_slices(NODE, DRIVER, "1", 5))
+    assert err.value.status == 410
+    srv.restore()
+    assert srv.list("nodes") == []
+
+
+def test_a_cordon_lost_to_an_etcd_restore_is_published_again(
+    srv: Any, make_publisher: Callable[..., SlicePublisher], caplog: pytest.LogCaptureFixture
+) -> None:
+    """etcd put back to a backup taken before a cordon: the server's slice lacks the cordon's
+    taint and has versions older than those the publisher wrote since. Without the reset the
+    cache kept its copy (newer by number) and the publisher saw nothing to write."""
+    devices = Devices([gpu(i) for i in range(3)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    backup = srv.snapshot()
+    devices.set([gpu(0, taints=(CORDON,)), gpu(1), gpu(2)])
+    pub.trigger()
+    assert _poll(lambda: _taints(srv)["gpu-0000"] == [CORDON.key])
+    assert pub.wait_synced(DEADLINE)
+    caplog.set_level(logging.WARNING, logger="driver.slices.cache")
+    srv.restore(backup)
+    assert _taints(srv)["gpu-0000"] == []
+    assert _poll(lambda: _taints(srv)["gpu-0000"] == [CORDON.key]), "the cordon never came back"
+    assert pub.wait_synced(DEADLINE)
+    assert _poll(lambda: pub.progress.problems() == [] and pub.progress.unready() == [])
+    assert any("resourceVersion went back" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_an_api_server_started_empty_gets_the_slices_again_owned_by_the_new_node(
+    srv: Any, make_publisher: Callable[..., SlicePublisher]
+) -> None:
+    """Everything gone, the Node registered anew (a new UID): the slices are created again, owned
+    by that Node (the old owner would have them garbage-collected), with no update sent for a
+    slice that is not there (they were answered 404 for minutes)."""
+    devices = Devices([gpu(i) for i in range(200)])
+    pub = make_publisher(devices)
+    assert pub.wait_synced(DEADLINE)
+    old_uid = srv.get("nodes", NODE)["metadata"]["uid"]
+    mark = time.monotonic()
+    srv.restore()
+    new_uid = srv.add_node(NODE)["metadata"]["uid"]
+    assert new_uid != old_uid
+
+    def republished() -> bool:
+        owners = {r["uid"] for s in live_slices(srv) for r in s["metadata"]["ownerReferences"]}
+        return len(published_names(srv)) == 200 and owners == {new_uid}
+
+    assert _poll(republished), [s["metadata"]["ownerReferences"] for s in live_slices(srv)]
+    assert pub.wait_synced(DEADLINE)
+    assert [(w.method, w.status) for w in slice_writes(srv, mark) if w.status == 404] == []
+
+
+class _BlindWatch(KubeAPI):
+    """A door whose slice watch opens only when `opened` is set: until then the publisher hears
+    of no change that it did not make itself."""
+
+    opened = threading.Event()
+
+    def watch_slices(self, node_name: str, driver: str, resource_version: str, timeout_seconds: int) -> Any:
+        self.opened.wait()
+        return super().watch_slices(node_name, driver, resource_version, timeout_seconds)
+
+
+def test_an_update_answered_404_creates_the_slice_again_under_its_name(srv: Any, tmp_path: Path) -> None:
+    """A slice deleted before its watch event came: the update is answered 404, and the
+    publisher creates it at once under the same name rather than listing and planning again."""
+    api = _BlindWatch(str(srv.write_kubeconfig(tmp_path / "kubeconfig")))
+    api.opened = threading.Event()
+    devices = Devices([gpu(i) for i in range(3)])
+    pub = SlicePublisher(api, DRIVER, NODE, devices.get, FAST)
+    pub.start()
+    try:
+        assert pub.wait_synced(DEADLINE)
+        (s,) = live_slices(srv)
+        srv.delete("resourceslices", s["metadata"]["name"], None)
+        mark = time.monotonic()
+        devices.set([gpu(0, model="B200"), gpu(1), gpu(2)])
+        pub.trigger()
+        assert _poll(lambda: len(live_slices(srv)) == 1)
+        (again,) = live_slices(srv)
+        assert again["metadata"]["name"] == s["metadata"]["name"]
+        assert again["spec"]["devices"][0]["attributes"]["model"]["string"] == "B200"
+        writes = [(w.method, w.status) for w in slice_writes(srv, mark)]
+        assert writes == [("PUT", 404), ("POST", 201)], writes
+        assert [r.verb for r in srv.requests if r.time >= mark and r.resource == "resourceslices"][:2] == [
+            "update",
+            "create",
+        ]
+    finally:
+        api.opened.set()
+        pub.stop()
+        api.close()

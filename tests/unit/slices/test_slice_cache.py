@@ -1,13 +1,15 @@
 """The live-slice cache's merge of a list with what the watch applied while the list was in
 flight: a deletion seen after the list's snapshot must not be undone, nor a newer list by an
-older one."""
+older one; and a list from a server whose history went back (etcd restored) replaces it all."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from waiting import poll
 
 from driver.backoff import Backoff
@@ -85,6 +87,41 @@ def test_an_older_list_answered_after_a_newer_one_changes_nothing() -> None:
     assert _names(cache) == ["a"]
 
 
+def test_a_list_below_the_versions_already_met_resets_the_cache(caplog: pytest.LogCaptureFixture) -> None:
+    """etcd restored from a backup taken before our write of c (150): the server's list answers
+    at 120, and a cache that keeps what is "newer" than the list would keep c for ever."""
+    api = _Lists(([_slice("a", 90), _slice("b", 95)], "100"), ([_slice("a", 90)], "120"))
+    cache = _cache(api)
+    cache.relist()
+    with cache._cond:
+        cache.put("c", _slice("c", 150))
+    caplog.set_level(logging.WARNING, logger="driver.slices.cache")
+    assert cache.relist() == "120"
+    assert _names(cache) == ["a"] and cache.resets == 1 and cache.current
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "driver.slices.cache"]
+    assert line.startswith("the API server's resourceVersion went back from 150 to 120 (etcd restored"), line
+    # The restored server numbers on from 120: its next version of a is not "older" than the 150 once met.
+    cache._apply_event("MODIFIED", _slice("a", 121))
+    assert [s["metadata"]["resourceVersion"] for s in cache.snapshot()] == ["121"]
+
+
+def test_a_list_asked_before_a_reset_does_not_bring_back_the_lost_history() -> None:
+    """The worker and the watch thread list at once around a restore: the answer the old server
+    gave (160) is merged after the restored server's (110), and must not put b and c back."""
+    api = _Lists(
+        ([_slice("a", 90), _slice("b", 95)], "100"),
+        ([_slice("a", 90), _slice("b", 95), _slice("c", 150)], "160"),  # the old server's, answered last
+        ([_slice("a", 90)], "110"),  # the restored server's
+    )
+    cache = _cache(api)
+    cache.relist()
+    with cache._cond:
+        cache.put("c", _slice("c", 150))
+    api.during = lambda: cache.relist()
+    cache.relist()
+    assert _names(cache) == ["a"] and cache.resets == 1
+
+
 class _Outage:
     """A server that goes away under an open watch and comes back between two of the cache's
     tries: the first list after the failed watch is refused, anything later answers (a watch
@@ -141,3 +178,57 @@ def test_after_a_failed_watch_the_cache_is_current_again_only_through_a_list() -
     finally:
         stop.set()
         cache.join(5)
+
+
+class _Stop(threading.Event):
+    """The cache's stop event, which records each wait instead of waiting, and is set at the `last`."""
+
+    def __init__(self, last: int) -> None:
+        super().__init__()
+        self.last = last
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(round(timeout or 0.0, 6))
+        if len(self.waits) >= self.last:
+            self.set()
+        return self.is_set()
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+class _Breaking:
+    """Watches that each fail: the first two at once (the server still away), the third after
+    it was open 30 s (a working watch, broken by a new outage); every list answers."""
+
+    def __init__(self, clock: _Clock) -> None:
+        self._clock = clock
+        self.watches = 0
+
+    def watch_slices(self, node: str, driver: str, rv: str, timeout: int) -> Any:
+        self.watches += 1
+        if self.watches == 3:
+            self._clock.now += 30
+        raise ApiError("watch slices: connection reset", unreachable=True)
+
+    def list_slices(self, node: str, driver: str) -> tuple[list[dict[str, Any]], str]:
+        return [_slice("a", 90)], "120"
+
+
+def test_a_watch_that_worked_and_broke_starts_a_new_backoff(monkeypatch: pytest.MonkeyPatch) -> None:
+    """After an outage the next one's first list waits the first delay again, not the grown one
+    of the outage before (tests/cluster/test_health.py saw the broken watch, not the unreachable
+    server, for the seconds in between)."""
+    clock = _Clock()
+    monkeypatch.setattr("driver.slices.cache.time", clock)
+    stop, api = _Stop(last=3), _Breaking(clock)
+    cache = LiveSlices(api, "n", "d", threading.Condition(), lambda: None, stop,
+                       Backoff(initial=1.0, maximum=100.0, jitter=0.0), 300, lambda _exc: None)  # fmt: skip
+    cache._watch_loop("100")
+    assert stop.waits == [1.0, 2.0, 1.0]
