@@ -14,13 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from demo.node import SimNode
 from scale.api import Api, write_token_kubeconfig
 from scale.measure import pct
 from scale.objects import DRIVER, GPUS, NAMESPACE, NICS, REF, REF_NAMES
 from scale.procs import Proc, cpu_s, spawn
 from scale.slices import SliceWatch
-
-from demo.node import SimNode
 from sim.profile import h100_node
 
 REPO = Path(__file__).resolve().parents[2]
