@@ -11,17 +11,14 @@ import json
 import os
 import secrets
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kube import DRIVER, Cluster, cluster_env, wait_for
+from kube import DRIVER, TANDEMCTL, Cluster, cluster_env, wait_for
 
 from demo.cluster_node import ClusterNode
-
-TANDEMCTL = str(Path(sys.executable).parent / "tandemctl")
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,9 @@ from sim.nvml import STATE_ENV
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER_SH = REPO / "hack" / "cluster.sh"
 DRIVER = "tandem.dev"
+# The venv's tandemctl; imported from here, not from conftest (pytest's `conftest` module is
+# whichever folder's was loaded last).
+TANDEMCTL = str(Path(sys.executable).parent / "tandemctl")
 T = TypeVar("T")
 
 

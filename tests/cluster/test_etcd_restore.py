@@ -18,8 +18,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from conftest import TANDEMCTL
-from kube import Cluster, wait_for
+from kube import TANDEMCTL, Cluster, wait_for
 
 GPU = "gpu-5"
 CORDONED = "tandem.dev/cordoned"
