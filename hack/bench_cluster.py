@@ -88,9 +88,13 @@ def _one_pod_start(core: CoreV1Api, namespace: str, body: dict[str, Any]) -> flo
     t0 = time.perf_counter()
     created = core.create_namespaced_pod(namespace, V1Pod.model_validate(body)).metadata
     try:
-        for event in w.stream(core.list_namespaced_pod, namespace, timeout_seconds=120,
-                              field_selector=f"metadata.name={body['metadata']['name']}",
-                              resource_version=created.resource_version if created else None):  # fmt: skip
+        for event in w.stream(
+            core.list_namespaced_pod,
+            namespace,
+            timeout_seconds=120,
+            field_selector=f"metadata.name={body['metadata']['name']}",
+            resource_version=created.resource_version if created else None,
+        ):
             if event["object"].status.phase == "Running":
                 return time.perf_counter() - t0
     finally:

@@ -140,16 +140,30 @@ NODE_NAME_EXTRA = "authentication.kubernetes.io/node-name"
 
 def _event(namespace: str, regarding: dict[str, str], node: str, **fields: Any) -> dict[str, Any]:
     """An Event as driver/events.py writes it (`_body`), with `fields` changed."""
-    return {"apiVersion": "events.k8s.io/v1", "kind": "Event",
-            "metadata": {"generateName": "e2e-", "namespace": namespace},
-            "eventTime": "2026-01-01T00:00:00.000000Z", "reportingController": DRIVER,
-            "reportingInstance": f"{DRIVER}-{node}", "action": "PrepareResources", "reason": "PrepareFailed",
-            "type": "Warning", "note": "e2e", "regarding": regarding, **fields}  # fmt: skip
+    return {
+        "apiVersion": "events.k8s.io/v1",
+        "kind": "Event",
+        "metadata": {"generateName": "e2e-", "namespace": namespace},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": DRIVER,
+        "reportingInstance": f"{DRIVER}-{node}",
+        "action": "PrepareResources",
+        "reason": "PrepareFailed",
+        "type": "Warning",
+        "note": "e2e",
+        "regarding": regarding,
+        **fields,
+    }
 
 
 def _claim_ref(namespace: str) -> dict[str, str]:
-    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "name": "c", "namespace": namespace,
-            "uid": "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11"}  # fmt: skip
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "name": "c",
+        "namespace": namespace,
+        "uid": "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11",
+    }
 
 
 def _node_ref(node: str) -> dict[str, str]:
@@ -169,18 +183,33 @@ def _as_driver(cluster: Cluster, *args: str, node: str | None = None, stdin: str
 
 def _write_event(cluster: Cluster, event: dict[str, Any], node: str | None) -> str:
     namespace = event["metadata"]["namespace"]
-    return _as_driver(cluster, "create", "--dry-run=server", "-o", "name", "-n", namespace, "-f", "-", node=node,
-                      stdin=json.dumps(event))  # fmt: skip
+    return _as_driver(
+        cluster,
+        "create",
+        "--dry-run=server",
+        "-o",
+        "name",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        node=node,
+        stdin=json.dumps(event),
+    )
 
 
 @pytest.fixture
 def events_policy(cluster: Cluster, namespace: str) -> str:
     """The Events policy and its binding as daemonset.yaml has them now, in force."""
     docs = [d for d in yaml.safe_load_all((REPO / "daemonset.yaml").read_text()) if d]
-    cluster.apply([d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy") and (
-        d["metadata"]["name"] == EVENTS_POLICY)])  # fmt: skip
-    pod = _event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace},
-                 cluster.node_name)  # fmt: skip
+    cluster.apply(
+        [
+            d
+            for d in docs
+            if d["kind"].startswith("ValidatingAdmissionPolicy") and (d["metadata"]["name"] == EVENTS_POLICY)
+        ]
+    )
+    pod = _event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace}, cluster.node_name)
     wait_for("the Events policy in force", lambda: EVENTS_POLICY in _write_event(cluster, pod, cluster.node_name))
     return namespace
 
@@ -194,21 +223,24 @@ def test_the_drivers_own_events_are_admitted(cluster: Cluster, events_policy: st
 def _refused_events(namespace: str, node: str) -> list[tuple[dict[str, Any], str]]:
     claim, here = _claim_ref(namespace), _node_ref(node)
     return [
-        (_event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace}, node),
-         "may write Events only about a ResourceClaim or its own Node, not about a Pod"),
+        (
+            _event(namespace, {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": namespace}, node),
+            "may write Events only about a ResourceClaim or its own Node, not about a Pod",
+        ),
         (_event("default", claim, node), f"only in the claim's namespace '{namespace}', not in 'default'"),
         (_event("default", _node_ref("other-node"), node), "may write Events only about its own Node"),
         (_event(namespace, here, node), f"its own Node, in namespace 'default', not about Node '{node}' in"),
         (_event(namespace, claim, node, reportingController="kubelet"), "must report its Events as controller"),
         (_event(namespace, claim, "other-node"), f"instance '{DRIVER}-{node}'"),
         (_event(namespace, claim, node, related=here), "name no related object"),
-    ]  # fmt: skip
+    ]
 
 
 @pytest.mark.parametrize(
-    "case", range(7), ids=["pod", "claim-elsewhere", "other-node", "node-elsewhere", "controller", "instance",
-                           "related"],
-)  # fmt: skip
+    "case",
+    range(7),
+    ids=["pod", "claim-elsewhere", "other-node", "node-elsewhere", "controller", "instance", "related"],
+)
 def test_an_event_the_driver_never_writes_is_refused(cluster: Cluster, events_policy: str, case: int) -> None:
     event, message = _refused_events(events_policy, cluster.node_name)[case]
     refusal = _write_event(cluster, event, cluster.node_name)

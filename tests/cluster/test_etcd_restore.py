@@ -46,8 +46,11 @@ def test_a_cordon_lost_to_an_etcd_restore_is_published_again_without_restarting_
     pid = tandem.node.pid()
     cluster.cluster_sh("etcd-save", timeout=180)
     try:
-        wait_for("the API server back after the copy", lambda: cluster.kubectl("get", "--raw", "/readyz", timeout=10),
-                 timeout=120)  # fmt: skip
+        wait_for(
+            "the API server back after the copy",
+            lambda: cluster.kubectl("get", "--raw", "/readyz", timeout=10),
+            timeout=120,
+        )
         wait_for("healthy after the copy", tandem.healthy, timeout=90)
         cluster.apply(*(_config_map(i) for i in range(WRITES)), namespace=namespace)
         _tandemctl("cordon", GPU, "--reason", "etcd restore test")
@@ -57,8 +60,11 @@ def test_a_cordon_lost_to_an_etcd_restore_is_published_again_without_restarting_
         log = tandem.node.log_file
         offset = log.stat().st_size
         cluster.cluster_sh("etcd-restore", timeout=300)
-        wait_for("the API server back on the restored etcd",
-                 lambda: cluster.kubectl("get", "--raw", "/readyz", timeout=10), timeout=120)  # fmt: skip
+        wait_for(
+            "the API server back on the restored etcd",
+            lambda: cluster.kubectl("get", "--raw", "/readyz", timeout=10),
+            timeout=120,
+        )
         # Within a minute of the restore: the cordon published again, health clean.
         wait_for("the cordon published again", lambda: _cordon_taints(cluster), timeout=60)
         wait_for("tandemctl health clean", tandem.healthy, timeout=60)

@@ -232,8 +232,13 @@ def test_names_follow_the_release(helm: str) -> None:
     cluster_wide = {
         d["metadata"]["name"] for d in docs if "namespace" not in d["metadata"] and d["kind"] != "DeviceClass"
     }
-    assert cluster_wide == {"other-ns", "other-tandem-driver", "other-tandem-driver-own-node-slices",
-                            "other-tandem-opaque-config", "other-tandem-driver-events"}  # fmt: skip
+    assert cluster_wide == {
+        "other-ns",
+        "other-tandem-driver",
+        "other-tandem-driver-own-node-slices",
+        "other-tandem-opaque-config",
+        "other-tandem-driver-events",
+    }
     policy = next(d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and "own-node" in d["metadata"]["name"])
     assert "system:serviceaccount:other-ns:other-tandem-driver" in policy["spec"]["matchConditions"][0]["expression"]
 
@@ -242,8 +247,13 @@ def test_names_follow_the_release(helm: str) -> None:
 
 # The labels _helpers.tpl alone writes (tandem.labels, tandem.selectorLabels); a template adds a
 # component of its own at most.
-STANDARD_LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/version",
-                   "app.kubernetes.io/managed-by", "helm.sh/chart")  # fmt: skip
+STANDARD_LABELS = (
+    "app.kubernetes.io/name",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+)
 # 0.1.0's DaemonSet selector (its daemonset.yaml, commit db9db60). A DaemonSet's selector is
 # immutable: tests/cluster/test_upgrade.py upgrades that DaemonSet with this chart and replaces it
 # back, so the chart's must stay exactly this (docs/deployment.md, 'Labels and selectors').
@@ -258,8 +268,11 @@ def test_labels_and_the_probe_script_are_written_once() -> None:
         if template.name == "_helpers.tpl":
             continue
         text = template.read_text()
-        by_hand = [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1)
-                   if any(f"{label}:" in line for label in STANDARD_LABELS)]  # fmt: skip
+        by_hand = [
+            (n, line.strip())
+            for n, line in enumerate(text.splitlines(), 1)
+            if any(f"{label}:" in line for label in STANDARD_LABELS)
+        ]
         assert not by_hand, f"{template.name} writes labels that _helpers.tpl's tandem.labels should: {by_hand}"
         assert "verdict expired" not in text and "$KUBELET_PLUGINS_DIRECTORY_PATH" not in text, (
             f"{template.name}: the probe script belongs in _helpers.tpl (tandem.probe)"
@@ -300,8 +313,9 @@ def test_the_daemonset_selector_is_the_immutable_one_of_0_1_0(helm: str) -> None
         assert ds["spec"]["selector"] == {"matchLabels": PREVIOUS_SELECTOR}, release
         assert ds["spec"]["template"]["metadata"]["labels"].items() >= PREVIOUS_SELECTOR.items()
     # Where the history is at hand, the constant is checked against 0.1.0's manifest itself.
-    shown = subprocess.run(["git", "-C", str(REPO), "show", "db9db60:daemonset.yaml"], capture_output=True,
-                           text=True, check=False)  # fmt: skip
+    shown = subprocess.run(
+        ["git", "-C", str(REPO), "show", "db9db60:daemonset.yaml"], capture_output=True, text=True, check=False
+    )
     if shown.returncode == 0:
         previous = _one([d for d in yaml.safe_load_all(shown.stdout) if d], "DaemonSet")
         assert previous["spec"]["selector"] == {"matchLabels": PREVIOUS_SELECTOR}
@@ -316,8 +330,21 @@ def test_two_releases_in_one_namespace_select_only_their_own(helm: str) -> None:
     only its own Service, with another release of the chart in the same namespace."""
     renders = {}
     for release, driver in (("tandem", "tandem.dev"), ("other", "other.example.com")):
-        args = ["template", release, str(CHART), "--namespace", NAMESPACE, "--kube-version", K8S_VERSION,
-                "--api-versions", SERVICE_MONITOR, "--set", "metrics.enabled=true", "--set", f"driverName={driver}"]  # fmt: skip
+        args = [
+            "template",
+            release,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            "--kube-version",
+            K8S_VERSION,
+            "--api-versions",
+            SERVICE_MONITOR,
+            "--set",
+            "metrics.enabled=true",
+            "--set",
+            f"driverName={driver}",
+        ]
         done = _run(helm, *args)
         assert done.returncode == 0, done.stderr
         renders[release] = [d for d in yaml.safe_load_all(done.stdout) if d]
@@ -428,10 +455,17 @@ def test_the_drivers_events_are_held_to_what_it_writes(helm: str) -> None:
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     (rule,) = spec["matchConstraints"]["resourceRules"]
-    assert rule == {"apiGroups": ["events.k8s.io"], "apiVersions": ["*"], "operations": ["CREATE", "UPDATE"],
-                    "resources": ["events"]}  # fmt: skip
-    (binding,) = [d for d in docs if d["kind"] == "ValidatingAdmissionPolicyBinding" and (
-        d["spec"]["policyName"] == EVENTS_POLICY)]  # fmt: skip
+    assert rule == {
+        "apiGroups": ["events.k8s.io"],
+        "apiVersions": ["*"],
+        "operations": ["CREATE", "UPDATE"],
+        "resources": ["events"],
+    }
+    (binding,) = [
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding" and (d["spec"]["policyName"] == EVENTS_POLICY)
+    ]
     assert binding["spec"]["validationActions"] == ["Deny"]
     (account,) = [d for d in docs if d["kind"] == "ServiceAccount"]
     user = f"system:serviceaccount:{NAMESPACE}:{account['metadata']['name']}"

@@ -47,8 +47,14 @@ class FakeAPI:
     def add(self, namespace: str, name: str, allocated: bool) -> None:
         doc: dict[str, Any] = {"metadata": {"namespace": namespace, "name": name, "uid": str(uuid.uuid4())}}
         if allocated:
-            result = {"request": "nic", "driver": "x.dev", "pool": "node-a", "device": "nic-0",
-                      "bindingConditions": ["x.dev/nic-ready"], "bindingFailureConditions": ["x.dev/nic-failed"]}  # fmt: skip
+            result = {
+                "request": "nic",
+                "driver": "x.dev",
+                "pool": "node-a",
+                "device": "nic-0",
+                "bindingConditions": ["x.dev/nic-ready"],
+                "bindingFailureConditions": ["x.dev/nic-failed"],
+            }
             doc["status"] = {"allocation": {"devices": {"results": [result]}}}
         self.claims[(namespace, name)] = doc  # type: ignore[assignment]
 

@@ -228,7 +228,16 @@ def test_a_watch_that_worked_and_broke_starts_a_new_backoff(monkeypatch: pytest.
     clock = _Clock()
     monkeypatch.setattr("driver.slices.cache.time", clock)
     stop, api = _Stop(last=3), _Breaking(clock)
-    cache = LiveSlices(api, "n", "d", threading.Condition(), lambda: None, stop,
-                       Backoff(initial=1.0, maximum=100.0, jitter=0.0), 300, lambda _exc: None)  # fmt: skip
+    cache = LiveSlices(
+        api,
+        "n",
+        "d",
+        threading.Condition(),
+        lambda: None,
+        stop,
+        Backoff(initial=1.0, maximum=100.0, jitter=0.0),
+        300,
+        lambda _exc: None,
+    )
     cache._watch_loop("100")
     assert stop.waits == [1.0, 2.0, 1.0]
