@@ -154,6 +154,8 @@ class Config:
     taint_effects: tuple[str, ...] = ()
     health_quiet_period: float = 600.0
     link_debounce: float = 2.0
+    # Grey-failure thresholds overridden (NAME=VALUE, `driver.health.thresholds`); the rest default.
+    grey_thresholds: tuple[str, ...] = ()
     # Claims one RoCE NIC may serve at once (consumable capacity `shares`; 1: not shared).
     nic_shares: int = DEFAULT_NIC_SHARES
     # Binding conditions (`driver.claims.binding`): dynamic-MIG partitions made, and whole NICs

@@ -45,7 +45,7 @@ from driver.fsutil import boot_id, secure_data_dir
 from driver.health.cordon import CordonStore
 from driver.health.gpu.monitor import GpuHealthMonitor
 from driver.health.gpu.release import GpuReleases
-from driver.health.monitors import build_monitors, health_counters, xid_counts
+from driver.health.monitors import build_monitors, device_counters, health_counters, xid_counts
 from driver.health.nic.monitor import NicHealthMonitor
 from driver.inventory.discovery_loops import discovery_loops
 from driver.inventory.sources import Coalescer, RefreshLoop
@@ -188,6 +188,7 @@ class Daemon:
                 prepared=lambda: len(self.checkpoint.read()),
                 events_dropped=lambda: self.events.dropped,
                 claim_gpus=ClaimGpuUsage(self.checkpoint.read, self.inventory.get, config.nvidia_driver_root).read,
+                device_counters=lambda: device_counters(self.monitors),
             ),
         )
         self.cordons = CordonStore(self.data_dir, self.inventory, domain=config.driver_name)

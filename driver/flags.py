@@ -5,6 +5,7 @@ Every daemon flag can also come from an environment variable, because a DaemonSe
 NODE_NAME and POD_UID through the downward API and later tooling drives the daemon that way.
 A bad value is a one-line error and exit code 2, never a traceback. The flags are declared in
 one table (`add_run_flags`), which README's flag table mirrors and which reads best whole.
+Over 400 lines on purpose: that table and the parser it feeds are one thing to read.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from driver.config import (
     parse_xids,
 )
 from driver.health import parse_taint_effects
+from driver.health.thresholds import parse_thresholds
 
 EXIT_USAGE = 2
 
@@ -236,6 +238,17 @@ def add_run_flags(p: Parser) -> None:
     )
     _flag(
         p,
+        "--grey-threshold",
+        env="GREY_THRESHOLDS",
+        default="",
+        convert=_comma_list,
+        action="append",
+        metavar="NAME=VALUE",
+        help="override a grey-failure threshold, e.g. window=600 or flaps=5 (docs/health.md lists them); "
+        "repeatable (the environment's list is comma-separated)",
+    )
+    _flag(
+        p,
         "--link-debounce",
         env="LINK_DEBOUNCE",
         default="2",
@@ -376,6 +389,7 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         taint_effects=tuple(ns.taint_effect),
         health_quiet_period=ns.health_quiet_period,
         link_debounce=ns.link_debounce,
+        grey_thresholds=tuple(ns.grey_threshold),
         nic_shares=ns.nic_shares,
         mig_binding_conditions=not ns.no_binding_conditions,
         nic_binding_conditions=ns.nic_binding_conditions,
@@ -384,4 +398,8 @@ def config_from_args(ns: argparse.Namespace) -> Config:
         parse_taint_effects(config.taint_effects, config.driver_name)
     except ValueError as e:
         raise ConfigError(f"--taint-effect: {e}") from e
+    try:
+        parse_thresholds(config.grey_thresholds)
+    except ValueError as e:
+        raise ConfigError(f"--grey-threshold: {e}") from e
     return config

@@ -14,6 +14,9 @@ the caller's bounded codes, errors by kind; no label holds a claim UID, and no c
 and tests/unit/test_metrics.py keeps it. The one exception, `tandem_claim_gpu_*`, is bounded by
 what the node has prepared (at most three series per pod holding a GPU or MIG device, gone with
 the claim's record); its claim and pod labels are names the API server validated, never a UID.
+The grey-failure counters (`tandem_device_counter`) are by device and by a counter name from the
+code's own fixed lists. Over 400 lines on purpose: every family's name, help and labels are in
+this one file, which docs/deployment.md's metrics table mirrors.
 """
 
 from __future__ import annotations
@@ -114,6 +117,7 @@ class _ScrapeCollector(Collector):
             ("inventory", self._inventory_families),
             ("slice publisher", self._slice_families),
             ("health counters", self._health_families),
+            ("device counters", self._device_counter_families),
             ("claims and events", self._other_families),
             ("claims' GPUs", self._claim_gpu_families),
         ):
@@ -196,6 +200,20 @@ class _ScrapeCollector(Collector):
             events.add_metric([name], float(value))
         yield events
 
+    def _device_counter_families(self) -> Iterator[Metric]:
+        if self._sources.device_counters is None:
+            return
+        counters = CounterMetricFamily(
+            "tandem_device_counter",
+            "Hardware counters the grey-failure checks read (PCIe replays and AER, carrier changes, RDMA port "
+            "errors and congestion, NVLink errors), as last read: by device and counter.",
+            labels=["device", "counter"],
+        )
+        for device, values in sorted(self._sources.device_counters().items()):
+            for name, value in sorted(values.items()):
+                counters.add_metric([device, name], float(value))
+        yield counters
+
     def _other_families(self) -> Iterator[Metric]:
         if self._sources.prepared is not None:
             yield GaugeMetricFamily(
@@ -273,6 +291,8 @@ class ScrapeSources:
     prepared: Callable[[], int] | None = None
     events_dropped: Callable[[], int] | None = None
     claim_gpus: Callable[[], Sequence[ClaimGpu]] | None = None  # one per pod holding a prepared GPU
+    # Grey-failure counters as last read, by device name then counter name (`GreyMonitor.readings`).
+    device_counters: Callable[[], Mapping[str, Mapping[str, int]]] | None = None
 
 
 class _CallSeries(NamedTuple):

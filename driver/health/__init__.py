@@ -8,14 +8,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from driver.health.gpu.policy import NAMES as GPU_CONDITIONS
+from driver.health.grey import NAMES as GREY_CONDITIONS
 from driver.health.nic.signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN
 from driver.model import TaintEffect
 
 
 def condition_keys(domain: str) -> dict[str, str]:
-    """Every condition key a health source can raise -> the source that owns it ("gpu" or "nic")."""
+    """Every condition key a health source can raise -> the source that owns it ("gpu", "nic" or
+    "grey")."""
     keys = {f"{domain}/{n}": "gpu" for n in GPU_CONDITIONS}
     keys.update({f"{domain}/{n}": "nic" for n in (LINK_DOWN, RDMA_PORT_DOWN, NIC_LOST)})
+    keys.update({f"{domain}/{n}": "grey" for n in GREY_CONDITIONS})
     return keys
 
 

@@ -118,6 +118,10 @@ BAD_ENVIRONMENT = {
     "METRICS_ADDRESS": ("0.0.0.0:99999", "--metrics-address '0.0.0.0:99999' must be HOST:PORT"),
     "IGNORED_XIDS": ("13,x", "--ignored-xids: 'x' is not an XID number"),
     "TAINT_EFFECTS": ("tandem.dev/xid=Sometimes", "--taint-effect: "),
+    "GREY_THRESHOLDS": (
+        "window=10,windw=600",
+        "--grey-threshold: grey threshold 'windw=600': unknown name 'windw'",
+    ),
     "HEALTH_QUIET_PERIOD": ("-1", "--health-quiet-period -1.0 must be a finite number of seconds"),
     "LINK_DEBOUNCE": ("inf", "argument --link-debounce (from LINK_DEBOUNCE='inf'): 'inf' is not a finite number"),
     "NETNS": ("../x", "--netns '../x' must be the name of a namespace"),

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from driver.health.nic.signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN, Debounced, Fault
+from driver.health.faults import Fault
+from driver.health.nic.signals import LINK_DOWN, NIC_LOST, RDMA_PORT_DOWN, Debounced
 from driver.model import Condition, NicInfo, TaintEffect
 from driver.resource_api import rfc3339
 

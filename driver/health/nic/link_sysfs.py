@@ -21,7 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from driver.discovery.nic import sysfs as nic_sysfs
-from driver.health.nic.signals import BAD_OPERSTATES, Fault, port_fault
+from driver.health.faults import Fault
+from driver.health.nic.signals import BAD_OPERSTATES, port_fault
 from driver.node import rtnl
 from driver.node.rtnl import LinkState
 

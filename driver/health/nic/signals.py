@@ -6,14 +6,13 @@ numbers. A fault's `value` becomes the taint value and its `reason` the conditio
 Debounce: a signal's reported fault follows its observed one only once that has held for
 `debounce` seconds, both ways. A link flapping faster than that changes nothing until it settles,
 so a flap storm costs at most a condition change or two, and the slice writes that come with them.
-A link that never settles is therefore never reported; flap-rate detection is not done here.
+A link that never settles is therefore never reported here: the grey-failure rules count its
+carrier changes instead (`driver.health.nic.grey`, `link-flapping`).
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
+from driver.health.faults import Fault, label
 from driver.node.rtnl import LinkState
 
 LINK_DOWN = "link-down"
@@ -22,22 +21,6 @@ NIC_LOST = "nic-lost"
 BAD_OPERSTATES = frozenset({"down", "lowerlayerdown", "notpresent"})
 GOOD_PORT_STATES = frozenset({"ACTIVE", "ACTIVE_DEFER"})
 GOOD_PHYS_STATES = frozenset({"LinkUp"})
-MAX_VALUE = 63  # a taint value is a label value
-
-_NOT_LABEL = re.compile(r"[^A-Za-z0-9_.-]+")
-
-
-@dataclass(frozen=True)
-class Fault:
-    """What is wrong with one signal: `value` for the taint, `reason` in words for the message."""
-
-    value: str
-    reason: str
-
-
-def _label(text: str) -> str:
-    """A taint value: at most 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends."""
-    return _NOT_LABEL.sub("-", text)[:MAX_VALUE].strip("-_.")
 
 
 class Debounced:
@@ -84,14 +67,14 @@ def link_fault(state: LinkState) -> Fault | None:
     if not state.carrier:
         return Fault("carrier", "no carrier")
     if state.operstate in BAD_OPERSTATES:
-        return Fault(_label(f"operstate-{state.operstate}"), f"operstate {state.operstate}")
+        return Fault(label(f"operstate-{state.operstate}"), f"operstate {state.operstate}")
     return None
 
 
 def port_fault(port: int, state: str, phys_state: str | None) -> Fault | None:
     """Why an RDMA port is not usable, from the names in its `state` and `phys_state` files."""
     if state not in GOOD_PORT_STATES:
-        return Fault(_label(f"port{port}-{state.lower()}"), f"RDMA port {port} is {state}")
+        return Fault(label(f"port{port}-{state.lower()}"), f"RDMA port {port} is {state}")
     if phys_state is not None and phys_state not in GOOD_PHYS_STATES:
-        return Fault(_label(f"port{port}-phys-{phys_state.lower()}"), f"RDMA port {port} physical state {phys_state}")
+        return Fault(label(f"port{port}-phys-{phys_state.lower()}"), f"RDMA port {port} physical state {phys_state}")
     return None

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from driver.health.faults import Fault
 from driver.health.nic.conditions import NicConditions, NicView, WatchedNic
-from driver.health.nic.signals import FUNCTION_GONE, Debounced, Fault
+from driver.health.nic.signals import FUNCTION_GONE, Debounced
 from driver.model import TaintEffect
 
 WALL = 1_780_000_000.0  # 2026-05-28T20:26:40Z

@@ -16,10 +16,11 @@ import pytest
 from driver.backoff import Backoff
 from driver.discovery.nic.discover import NicDiscovery
 from driver.health import parse_taint_effects
+from driver.health.faults import Fault
 from driver.health.nic import monitor as nic_health
 from driver.health.nic.link_sysfs import LinkSysfs
 from driver.health.nic.monitor import NicHealthMonitor
-from driver.health.nic.signals import Debounced, Fault, link_fault, port_fault
+from driver.health.nic.signals import Debounced, link_fault, port_fault
 from driver.inventory.store import Inventory
 from driver.model import Device, Health, TaintEffect
 from driver.node.rtnl import LinkEvent, LinkState

@@ -1,0 +1,226 @@
+"""Grey-failure health: every GPU and NIC of the inventory read every `period` for the signals of
+a device that is up but sick, and what the rules report published as conditions.
+
+One thread ("grey-health") and one health source (`grey-health`), apart from the GPU and NIC
+monitors: those react to events and state within seconds, this one reads counters at the slow
+cadence their meaning needs (DCGM's health watches, which judge the same counters, sample every
+30 s over a minute), so an idle node pays one round of file and NVML reads per period. Its own
+source means its verdicts and theirs never clear each other.
+
+State is kept by device identity (a GPU's UUID, a NIC's PCI address), never by the published
+name, so a renamed netdev or a re-enumerated name does not inherit or lose a history. A GPU's
+conditions go to every device published of it (the whole GPU or its MIG devices): its PCIe link,
+clocks and NVLinks are shared by all of them. NVML is opened for each round and closed after
+(NVML counts references, so with the GPU monitor's session open this costs nothing); while an SRE
+has released it (`tandemctl release`) the GPUs are not read and keep their last verdicts.
+
+One device that cannot be read (a failure no reader expected) is logged and keeps its last
+verdict; the others are still judged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+
+from driver.health.gpu.grey import GpuReading, judge_gpu, read_gpu
+from driver.health.gpu.policy import GpuDevices, index_gpus
+from driver.health.grey import GreyDevice
+from driver.health.nic.grey import NicReading, judge_nic, read_nic
+from driver.health.thresholds import GreyThresholds
+from driver.inventory.store import Inventory
+from driver.model import Condition, Device, DeviceKind, TaintEffect
+from driver.node.nvml import NvmlError, NvmlReleased, NvmlUnavailable, init_nvml, shutdown_nvml
+
+log = logging.getLogger(__name__)
+
+
+class GreyMonitor:
+    """Publishes the grey-failure conditions of the inventory's GPUs and NICs (`kinds`) as health
+    source `source`. `poll()` is one round (the thread runs one every `thresholds.period`); with
+    injected clocks a test or a replay steps time without sleeping."""
+
+    def __init__(
+        self,
+        inventory: Inventory,
+        thresholds: GreyThresholds,
+        *,
+        sysfs_root: Path,
+        driver_root: Path,
+        domain: str = "tandem.dev",
+        kinds: Iterable[DeviceKind] = (DeviceKind.GPU, DeviceKind.NIC),
+        effects: Mapping[str, TaintEffect] | None = None,
+        source: str = "grey-health",
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.inventory = inventory
+        self.thresholds = thresholds
+        self.sysfs_root = sysfs_root
+        self.driver_root = driver_root
+        self.domain = domain
+        self.kinds = frozenset(kinds)
+        self.effects = dict(effects or {})
+        self.source = source
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.rounds = 0
+        self.errors = 0  # devices that could not be read, NVML that could not be opened
+        self._lock = threading.Lock()
+        self._gpus: dict[str, GreyDevice] = {}  # by UUID
+        self._nics: dict[str, GreyDevice] = {}  # by PCI address
+        self._names: dict[str, str] = {}  # published device name -> the identity its readings are under
+        self._published: dict[str, frozenset[Condition]] = {}
+        self._nvml_note = ""  # why NVML was last not opened, logged once per reason
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="grey-health", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def counters(self) -> dict[str, int]:
+        return {"rounds": self.rounds, "errors": self.errors}
+
+    def readings(self) -> dict[str, dict[str, int]]:
+        """The last value of every counter read, by published device name (a GPU's under its whole
+        GPU's name only), for `/metrics`."""
+        with self._lock:
+            by_identity = {**self._gpus, **self._nics}
+            return {name: dict(by_identity[i].readings) for name, i in self._names.items() if i in by_identity}
+
+    def poll(self) -> None:
+        """One round: read, judge and publish every device."""
+        with self._lock:
+            now, wall = self.clock(), self.wall_clock()
+            devices = self.inventory.devices()
+            found: dict[str, frozenset[Condition]] = {}
+            self._names = {}
+            if DeviceKind.GPU in self.kinds:
+                self._round_gpus(index_gpus(devices), now, wall, found)
+            if DeviceKind.NIC in self.kinds:
+                self._round_nics([d for d in devices if d.kind == DeviceKind.NIC and d.nic], now, wall, found)
+            for name in self._published.keys() - found.keys():
+                self._set(name, frozenset())
+            for name, conditions in found.items():
+                if conditions != self._published.get(name, frozenset()):
+                    self._set(name, conditions)
+            self.rounds += 1
+
+    # --- GPUs ------------------------------------------------------------------------------------
+
+    def _round_gpus(
+        self, gpus: dict[str, GpuDevices], now: float, wall: float, found: dict[str, frozenset[Condition]]
+    ) -> None:
+        for uuid in self._gpus.keys() - gpus.keys():
+            del self._gpus[uuid]
+        if not gpus:
+            return
+        readings = self._read_gpus(gpus)
+        for uuid, gpu in gpus.items():
+            dev = self._gpus.setdefault(uuid, GreyDevice(self.thresholds))
+            reading = readings.get(uuid)
+            if reading is not None:
+                judge_gpu(dev, reading, _expected_nvlinks(reading, readings.values()), now, wall)
+            whole = next((n for n in gpu.devices if gpu.instances.get(n) == uuid), gpu.devices[0])
+            self._names[whole] = uuid
+            for name in gpu.devices:
+                found[name] = (
+                    dev.conditions(self.domain, self.effects) if reading else self._published.get(name, frozenset())
+                )
+
+    def _read_gpus(self, gpus: dict[str, GpuDevices]) -> dict[str, GpuReading]:
+        """What NVML and sysfs say of each GPU that answers; {} while NVML cannot be opened."""
+        try:
+            nvml = init_nvml(self.driver_root)
+        except NvmlUnavailable as e:
+            if not isinstance(e, NvmlReleased):
+                self.errors += 1
+            if str(e) != self._nvml_note:
+                log.warning("grey-failure checks of GPUs paused: %s", e)
+                self._nvml_note = str(e)
+            return {}
+        self._nvml_note = ""
+        out: dict[str, GpuReading] = {}
+        try:
+            for uuid, gpu in gpus.items():
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByUUID(uuid)
+                    out[uuid] = read_gpu(nvml, handle, self.sysfs_root, gpu.pci)
+                except (NvmlError, OSError, ValueError) as e:  # lost, gone: the GPU monitor's verdict
+                    self.errors += 1
+                    log.debug("GPU %s: not read for grey failures: %s", uuid, e)
+        finally:
+            shutdown_nvml(nvml)
+        return out
+
+    # --- NICs ------------------------------------------------------------------------------------
+
+    def _round_nics(self, nics: list[Device], now: float, wall: float, found: dict[str, frozenset[Condition]]) -> None:
+        current = {d.nic.pci_address for d in nics if d.nic}
+        for address in self._nics.keys() - current:
+            del self._nics[address]
+        readings: dict[str, NicReading] = {}
+        for d in nics:
+            assert d.nic is not None
+            try:
+                readings[d.name] = read_nic(self.sysfs_root, d.nic)
+            except (OSError, ValueError) as e:
+                self.errors += 1
+                log.warning("NIC %s: not read for grey failures: %s", d.name, e)
+        fastest: dict[tuple[object, ...], int] = {}
+        for d in nics:
+            if d.name in readings and (speed := readings[d.name].counters.speed_mbps) is not None:
+                model = _model(d, readings[d.name].counters.fw_ver)
+                fastest[model] = max(fastest.get(model, 0), speed)
+        for d in nics:
+            assert d.nic is not None
+            dev = self._nics.setdefault(d.nic.pci_address, GreyDevice(self.thresholds))
+            self._names[d.name] = d.nic.pci_address
+            reading = readings.get(d.name)
+            if reading is None:
+                found[d.name] = self._published.get(d.name, frozenset())
+                continue
+            judge_nic(dev, reading, fastest.get(_model(d, reading.counters.fw_ver)), now, wall)
+            found[d.name] = dev.conditions(self.domain, self.effects)
+
+    # --- publishing ------------------------------------------------------------------------------
+
+    def _set(self, name: str, conditions: frozenset[Condition]) -> None:
+        self.inventory.set_conditions(self.source, name, conditions)
+        if conditions:
+            self._published[name] = conditions
+            log.warning("%s: %s", name, "; ".join(sorted(c.message for c in conditions)))
+        else:
+            self._published.pop(name, None)
+            log.info("%s: no grey failure any more", name)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.poll()
+            except Exception:  # the monitor must outlive any one failure
+                self.errors += 1
+                log.exception("grey-failure round failed; next one in %.0fs", self.thresholds.period)
+            self._stop.wait(self.thresholds.period)
+
+
+def _expected_nvlinks(reading: GpuReading, all_readings: Iterable[GpuReading]) -> int | None:
+    """The most active NVLinks a GPU with the same link count has on this node (itself included)."""
+    if reading.nvlinks is None or reading.nvlinks_up is None:
+        return None
+    ups = [r.nvlinks_up for r in all_readings if r.nvlinks == reading.nvlinks and r.nvlinks_up is not None]
+    return max(ups, default=reading.nvlinks_up)
+
+
+def _model(d: Device, fw_ver: str) -> tuple[object, ...]:
+    """NICs whose speeds are compared: same PCI vendor and device ID, same firmware."""
+    return (d.attributes.get("pciVendorID"), d.attributes.get("pciDeviceID"), fw_ver)
