@@ -53,7 +53,9 @@ def render_devices(doc: DevicesDoc, wide: bool) -> str:
         if wide:
             row += [text(d["uuid"] or d["rdmaDevice"]), text(d["pciBusID"])]
         rows.append(row)
-    return table(rows)
+    # A taint says which rule, not why: each device that is not plainly healthy gets its words.
+    why = [f"{d['name']}: {d['healthMessage']}" for d in doc["devices"] if d["healthMessage"]]
+    return table(rows) + ("\n" + "\n".join(why) if why else "")
 
 
 def render_claims(doc: ClaimsDoc, wide: bool) -> str:

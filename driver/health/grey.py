@@ -13,10 +13,10 @@ the two kinds of rule every signal is one of.
 * A **count** (flaps, link-integrity errors, exhausted retries, uncorrectable errors) is
   reported once the counter rose by at least its limit within `window`, however it came.
 
-Either clears once it has read well for `recovery` seconds. Every grey condition is NoSchedule
-by default: the device still works, so the pods on it are told (a `DeviceUnhealthy` Event on
-their claims, the kubelet's health stream) and left to decide, while new work goes elsewhere.
-Hard faults keep their own effects.
+Either clears once it has read well for `recovery` seconds. A grey condition is NoSchedule by
+default: the device still works, so the pods on it are told (a `DeviceUnhealthy` Event on their
+claims, the kubelet's health stream) and left to decide, while new work goes elsewhere. The one
+exception is what a tenant can cause (`DEFAULT_EFFECTS`). Hard faults keep their own effects.
 """
 
 from __future__ import annotations
@@ -37,8 +37,23 @@ CLOCKS_SLOWDOWN = "clocks-slowdown"
 NVLINK_DEGRADED = "nvlink-degraded"
 LINK_FLAPPING = "link-flapping"
 RDMA_ERRORS = "rdma-errors"
+RDMA_TRANSPORT = "rdma-transport-errors"
 LINK_SLOW = "link-slow"
-NAMES = (PCIE_DEGRADED, PCIE_ERRORS, CLOCKS_SLOWDOWN, NVLINK_DEGRADED, LINK_FLAPPING, RDMA_ERRORS, LINK_SLOW)
+NAMES = (
+    PCIE_DEGRADED,
+    PCIE_ERRORS,
+    CLOCKS_SLOWDOWN,
+    NVLINK_DEGRADED,
+    LINK_FLAPPING,
+    RDMA_ERRORS,
+    RDMA_TRANSPORT,
+    LINK_SLOW,
+)
+# Effects other than NoSchedule. A tenant's own traffic can raise the transport's loss counters
+# (an unreachable peer times out, retries run out), and they count for the whole port: they are
+# told (taint, Event, health stream) but never keep work away, or any tenant could fence a shared
+# NIC. The physical link's counters, which no tenant can move, do.
+DEFAULT_EFFECTS = {RDMA_TRANSPORT: TaintEffect.NONE}
 
 NO_AER = AerCounts(None, None, None)  # a function or port without AER: nothing to count
 
@@ -127,7 +142,7 @@ class GreyDevice:
             faults = [latch.reported for _, latch in latches if latch.reported is not None]
             since = min(latch.since_wall for _, latch in latches)
             message = "; ".join(f.reason for f in faults) + f" since {rfc3339(since)}"
-            effect = effects.get(key, TaintEffect.NO_SCHEDULE)
+            effect = effects.get(key, DEFAULT_EFFECTS.get(condition, TaintEffect.NO_SCHEDULE))
             out.append(Condition(key, effect, faults[0].value, message, unhealthy=True))
         return frozenset(out)
 

@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from driver.health.gpu.grey import GpuReading, judge_gpu, read_gpu
+from driver.health.gpu.grey import GpuReading, read_gpu
 from driver.health.gpu.policy import GpuDevices, index_gpus
-from driver.health.grey import GreyDevice
-from driver.health.nic.grey import NicReading, judge_nic, read_nic
+from driver.health.grey_judge import GreyJudge, NicRead
+from driver.health.nic.grey import read_nic
 from driver.health.thresholds import GreyThresholds
 from driver.inventory.store import Inventory
 from driver.model import Condition, Device, DeviceKind, TaintEffect
@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 class GreyMonitor:
     """Publishes the grey-failure conditions of the inventory's GPUs and NICs (`kinds`) as health
     source `source`. `poll()` is one round (the thread runs one every `thresholds.period`); with
-    injected clocks a test or a replay steps time without sleeping."""
+    injected clocks a test steps time without sleeping. What the readings mean is `GreyJudge`."""
 
     def __init__(
         self,
@@ -61,18 +61,15 @@ class GreyMonitor:
         self.thresholds = thresholds
         self.sysfs_root = sysfs_root
         self.driver_root = driver_root
-        self.domain = domain
         self.kinds = frozenset(kinds)
-        self.effects = dict(effects or {})
         self.source = source
         self.clock = clock
         self.wall_clock = wall_clock
         self.rounds = 0
         self.errors = 0  # devices that could not be read, NVML that could not be opened
         self._lock = threading.Lock()
-        self._gpus: dict[str, GreyDevice] = {}  # by UUID
-        self._nics: dict[str, GreyDevice] = {}  # by PCI address
-        self._names: dict[str, str] = {}  # published device name -> the identity its readings are under
+        self._judge = GreyJudge(thresholds, domain, dict(effects or {}))
+        self._names: dict[str, str] = {}  # published device name -> the identity it is judged under
         self._published: dict[str, frozenset[Condition]] = {}
         self._nvml_note = ""  # why NVML was last not opened, logged once per reason
         self._stop = threading.Event()
@@ -94,20 +91,27 @@ class GreyMonitor:
         """The last value of every counter read, by published device name (a GPU's under its whole
         GPU's name only), for `/metrics`."""
         with self._lock:
-            by_identity = {**self._gpus, **self._nics}
-            return {name: dict(by_identity[i].readings) for name, i in self._names.items() if i in by_identity}
+            devices = self._judge.devices
+            return {name: dict(devices[i].readings) for name, i in self._names.items() if i in devices}
 
     def poll(self) -> None:
-        """One round: read, judge and publish every device."""
+        """One round: read every device, judge, publish what changed."""
         with self._lock:
             now, wall = self.clock(), self.wall_clock()
             devices = self.inventory.devices()
+            gpus = index_gpus(devices) if DeviceKind.GPU in self.kinds else {}
+            nics = [d for d in devices if d.kind == DeviceKind.NIC and d.nic] if DeviceKind.NIC in self.kinds else []
+            self._names = {_whole(gpu): uuid for uuid, gpu in gpus.items()}
+            self._names.update({d.name: d.nic.pci_address for d in nics if d.nic})
+            verdicts = self._judge.judge(self._read_gpus(gpus), self._read_nics(nics), now, wall)
+            self._judge.forget(set(self._names.values()))
             found: dict[str, frozenset[Condition]] = {}
-            self._names = {}
-            if DeviceKind.GPU in self.kinds:
-                self._round_gpus(index_gpus(devices), now, wall, found)
-            if DeviceKind.NIC in self.kinds:
-                self._round_nics([d for d in devices if d.kind == DeviceKind.NIC and d.nic], now, wall, found)
+            for uuid, gpu in gpus.items():
+                for name in gpu.devices:
+                    found[name] = verdicts.get(uuid, self._judge.conditions(uuid))
+            for d in nics:
+                assert d.nic is not None
+                found[d.name] = verdicts.get(d.nic.pci_address, self._judge.conditions(d.nic.pci_address))
             for name in self._published.keys() - found.keys():
                 self._set(name, frozenset())
             for name, conditions in found.items():
@@ -115,30 +119,10 @@ class GreyMonitor:
                     self._set(name, conditions)
             self.rounds += 1
 
-    # --- GPUs ------------------------------------------------------------------------------------
-
-    def _round_gpus(
-        self, gpus: dict[str, GpuDevices], now: float, wall: float, found: dict[str, frozenset[Condition]]
-    ) -> None:
-        for uuid in self._gpus.keys() - gpus.keys():
-            del self._gpus[uuid]
-        if not gpus:
-            return
-        readings = self._read_gpus(gpus)
-        for uuid, gpu in gpus.items():
-            dev = self._gpus.setdefault(uuid, GreyDevice(self.thresholds))
-            reading = readings.get(uuid)
-            if reading is not None:
-                judge_gpu(dev, reading, _expected_nvlinks(reading, readings.values()), now, wall)
-            whole = next((n for n in gpu.devices if gpu.instances.get(n) == uuid), gpu.devices[0])
-            self._names[whole] = uuid
-            for name in gpu.devices:
-                found[name] = (
-                    dev.conditions(self.domain, self.effects) if reading else self._published.get(name, frozenset())
-                )
-
     def _read_gpus(self, gpus: dict[str, GpuDevices]) -> dict[str, GpuReading]:
         """What NVML and sysfs say of each GPU that answers; {} while NVML cannot be opened."""
+        if not gpus:
+            return {}
         try:
             nvml = init_nvml(self.driver_root)
         except NvmlUnavailable as e:
@@ -162,37 +146,20 @@ class GreyMonitor:
             shutdown_nvml(nvml)
         return out
 
-    # --- NICs ------------------------------------------------------------------------------------
-
-    def _round_nics(self, nics: list[Device], now: float, wall: float, found: dict[str, frozenset[Condition]]) -> None:
-        current = {d.nic.pci_address for d in nics if d.nic}
-        for address in self._nics.keys() - current:
-            del self._nics[address]
-        readings: dict[str, NicReading] = {}
+    def _read_nics(self, nics: list[Device]) -> dict[str, NicRead]:
+        out: dict[str, NicRead] = {}
         for d in nics:
             assert d.nic is not None
             try:
-                readings[d.name] = read_nic(self.sysfs_root, d.nic)
+                reading = read_nic(self.sysfs_root, d.nic)
             except (OSError, ValueError) as e:
                 self.errors += 1
                 log.warning("NIC %s: not read for grey failures: %s", d.name, e)
-        fastest: dict[tuple[object, ...], int] = {}
-        for d in nics:
-            if d.name in readings and (speed := readings[d.name].counters.speed_mbps) is not None:
-                model = _model(d, readings[d.name].counters.fw_ver)
-                fastest[model] = max(fastest.get(model, 0), speed)
-        for d in nics:
-            assert d.nic is not None
-            dev = self._nics.setdefault(d.nic.pci_address, GreyDevice(self.thresholds))
-            self._names[d.name] = d.nic.pci_address
-            reading = readings.get(d.name)
-            if reading is None:
-                found[d.name] = self._published.get(d.name, frozenset())
                 continue
-            judge_nic(dev, reading, fastest.get(_model(d, reading.counters.fw_ver)), now, wall)
-            found[d.name] = dev.conditions(self.domain, self.effects)
-
-    # --- publishing ------------------------------------------------------------------------------
+            out[d.nic.pci_address] = NicRead(
+                (d.attributes.get("pciVendorID"), d.attributes.get("pciDeviceID")), reading
+            )
+        return out
 
     def _set(self, name: str, conditions: frozenset[Condition]) -> None:
         self.inventory.set_conditions(self.source, name, conditions)
@@ -213,14 +180,6 @@ class GreyMonitor:
             self._stop.wait(self.thresholds.period)
 
 
-def _expected_nvlinks(reading: GpuReading, all_readings: Iterable[GpuReading]) -> int | None:
-    """The most active NVLinks a GPU with the same link count has on this node (itself included)."""
-    if reading.nvlinks is None or reading.nvlinks_up is None:
-        return None
-    ups = [r.nvlinks_up for r in all_readings if r.nvlinks == reading.nvlinks and r.nvlinks_up is not None]
-    return max(ups, default=reading.nvlinks_up)
-
-
-def _model(d: Device, fw_ver: str) -> tuple[object, ...]:
-    """NICs whose speeds are compared: same PCI vendor and device ID, same firmware."""
-    return (d.attributes.get("pciVendorID"), d.attributes.get("pciDeviceID"), fw_ver)
+def _whole(gpu: GpuDevices) -> str:
+    """The device that names the whole GPU (its MIG devices share its readings), else its first."""
+    return next((n for n in gpu.devices if gpu.instances.get(n) == gpu.uuid), gpu.devices[0])

@@ -9,9 +9,10 @@
   of three flaps. The counter catches flaps that happen between two reads and links that never
   settle, which the link-state debounce (`driver.health.nic.signals`) waits out by design.
 * **RDMA port errors** (`rdma-errors`), per port: physical-link counters (symbol errors, link
-  error recovery, link downed, receive errors, local link integrity, buffer overrun) and the
-  transport's loss counters (out-of-sequence and sequence-error NAKs, ACK timeouts, retries
-  exhausted), as rates or counts (`driver.health.thresholds`). Congestion counters (ECN marks,
+  error recovery, link downed, receive errors, local link integrity, buffer overrun), as rates
+  or counts (`driver.health.thresholds`). The transport's loss counters (out-of-sequence and
+  sequence-error NAKs, ACK timeouts, retries exhausted) are `rdma-transport-errors`, effect None
+  by default: a tenant's own traffic can raise them for the whole port (`driver.health.grey`). Congestion counters (ECN marks,
   CNPs) mean a busy fabric, not a sick NIC: they are exported as metrics and never taint. An
   IBTA counter stuck at its ceiling can no longer rise; the log says so once.
 * **Slow link** (`link-slow`): a negotiated speed below that of the fastest NIC of the same
@@ -32,6 +33,7 @@ from driver.health.grey import (
     NO_AER,
     PCIE_DEGRADED,
     RDMA_ERRORS,
+    RDMA_TRANSPORT,
     GreyDevice,
     allowed_link_errors,
     judge_aer,
@@ -90,32 +92,33 @@ def judge_nic(dev: GreyDevice, r: NicReading, peer_speed_mbps: int | None, now: 
 
 
 # What each RDMA port counter means (`driver.health.thresholds` names the limits): counters
-# summed, a rate (per second, rising read after read) or a count (in the window), and words.
-_RATES = (
-    (("symbol_error",), "symbol_errors_per_s", "symbol errors"),
-    (("link_error_recovery",), "link_recoveries_per_min", "link error recoveries"),
-    (("port_rcv_errors",), "rcv_errors_per_s", "receive errors"),
-    (("local_ack_timeout_err",), "ack_timeouts_per_s", "ACK timeouts"),
-    (("out_of_sequence", "packet_seq_err"), "sequence_errors_per_s", "out-of-sequence packets"),
-)
-_COUNTS = (
-    (("link_downed",), "link_downed", "link-downed events"),
-    (("local_link_integrity_errors",), "integrity_errors", "local link integrity errors"),
-    (("excessive_buffer_overrun_errors",), "overrun_errors", "buffer overruns"),
-    (("req_transport_retries_exceeded",), "retries_exceeded", "exhausted transport retries"),
+# summed, the condition, the threshold (a rate per second or minute, or a count in the window),
+# and words. The physical link's counters first, then the transport's, which a tenant can raise.
+_RULES = (
+    (("symbol_error",), RDMA_ERRORS, "symbol_errors_per_s", "symbol errors"),
+    (("link_error_recovery",), RDMA_ERRORS, "link_recoveries_per_min", "link error recoveries"),
+    (("port_rcv_errors",), RDMA_ERRORS, "rcv_errors_per_s", "receive errors"),
+    (("link_downed",), RDMA_ERRORS, "link_downed", "link-downed events"),
+    (("local_link_integrity_errors",), RDMA_ERRORS, "integrity_errors", "local link integrity errors"),
+    (("excessive_buffer_overrun_errors",), RDMA_ERRORS, "overrun_errors", "buffer overruns"),
+    (("local_ack_timeout_err",), RDMA_TRANSPORT, "ack_timeouts_per_s", "ACK timeouts"),
+    (("out_of_sequence", "packet_seq_err"), RDMA_TRANSPORT, "sequence_errors_per_s", "out-of-sequence packets"),
+    (("req_transport_retries_exceeded",), RDMA_TRANSPORT, "retries_exceeded", "exhausted transport retries"),
 )
 
 
 def _judge_port(dev: GreyDevice, port: int, values: Mapping[str, int], now: float, wall: float) -> None:
-    for rules, is_rate in ((_RATES, True), (_COUNTS, False)):
-        for names, threshold, words in rules:
-            signal = f"port{port}-{names[0].replace('_', '-')}"
-            inc = _read(dev, port, names, values, now)
-            limit = getattr(dev.t, threshold)
-            if threshold.endswith("_per_min"):
-                limit /= 60
-            judge = dev.rate_rule if is_rate else dev.count_rule
-            judge(RDMA_ERRORS, signal, inc, limit, f"{words} on port {port}", now, wall)
+    for names, condition, threshold, words in _RULES:
+        signal = f"port{port}-{names[0].replace('_', '-')}"
+        inc = _read(dev, port, names, values, now)
+        limit = getattr(dev.t, threshold)
+        words = f"{words} on port {port}"
+        if threshold.endswith("_per_s"):
+            dev.rate_rule(condition, signal, inc, limit, words, now, wall)
+        elif threshold.endswith("_per_min"):
+            dev.rate_rule(condition, signal, inc, limit / 60, words, now, wall)
+        else:
+            dev.count_rule(condition, signal, inc, limit, words, now, wall)
 
 
 def _read(dev: GreyDevice, port: int, names: tuple[str, ...], values: Mapping[str, int], now: float) -> Increase | None:

@@ -11,7 +11,7 @@ from driver.health.nic.counters import NicCounters
 from driver.health.nic.grey import NicReading, judge_nic
 from driver.health.pcie_sysfs import AerCounts, PcieLink
 from driver.health.thresholds import GreyThresholds
-from driver.model import Condition
+from driver.model import Condition, TaintEffect
 
 PERIOD = 30
 LINK = PcieLink(32.0, 16, 32.0, 16, "0000:17:01.0", 32.0, 16)
@@ -85,14 +85,21 @@ def test_link_integrity_errors_and_exhausted_retries_are_counted_not_rated() -> 
         "tandem.dev/rdma-errors": "port1-local-link-integrity-errors"
     }
     assert not any(play([reading(), reading(req_transport_retries_exceeded=1)]))
-    assert values(play([reading(), reading(req_transport_retries_exceeded=2)])[1]) == {
-        "tandem.dev/rdma-errors": "port1-req-transport-retries-exceeded"
-    }
+    (c,) = play([reading(), reading(req_transport_retries_exceeded=2)])[1]
+    assert (c.key, c.value) == ("tandem.dev/rdma-transport-errors", "port1-req-transport-retries-exceeded")
 
 
-def test_out_of_sequence_and_sequence_errors_count_together() -> None:
-    reads = [reading(out_of_sequence=200 * i, packet_seq_err=200 * i) for i in range(4)]  # 13/s
-    assert values(play(reads)[3]) == {"tandem.dev/rdma-errors": "port1-out-of-sequence"}
+def test_transport_loss_a_tenant_can_cause_is_told_but_keeps_no_work_away() -> None:
+    reads = [reading(out_of_sequence=200 * i, packet_seq_err=200 * i) for i in range(4)]  # 13/s together
+    (c,) = play(reads)[3]
+    assert (c.key, c.value, c.effect, c.unhealthy) == (
+        "tandem.dev/rdma-transport-errors",
+        "port1-out-of-sequence",
+        TaintEffect.NONE,
+        True,
+    )
+    (c,) = play(rising("local_ack_timeout_err", 60, 4))[3]  # 2/s, 1/s allowed
+    assert (c.key, c.effect) == ("tandem.dev/rdma-transport-errors", TaintEffect.NONE)
 
 
 def test_congestion_taints_nothing_and_is_kept_for_metrics() -> None:
