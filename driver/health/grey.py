@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from driver.health.faults import Fault
 from driver.health.pcie_sysfs import AerCounts
@@ -70,6 +71,18 @@ def allowed_link_errors(speed_gts: float, lanes: int, ber: float) -> float:
 def total(*values: int | None) -> int | None:
     """The sum of counters read together; None when any of them could not be read."""
     return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+
+@dataclass(frozen=True, order=True)
+class Kept:
+    """One reported signal of a device, as kept across a restart (`driver.health.grey_kept`)."""
+
+    condition: str
+    signal: str
+    state: bool  # a state (held before it is reported) or a rate
+    value: str
+    reason: str
+    since: float  # wall time it began
 
 
 class GreyDevice:
@@ -145,6 +158,18 @@ class GreyDevice:
             effect = effects.get(key, DEFAULT_EFFECTS.get(condition, TaintEffect.NO_SCHEDULE))
             out.append(Condition(key, effect, faults[0].value, message, unhealthy=True))
         return frozenset(out)
+
+    def kept(self) -> list[Kept]:
+        """What this device reports now, as a restart must find it again."""
+        return [
+            Kept(condition, signal, latch.hold > 0, latch.reported.value, latch.reported.reason, latch.since_wall)
+            for (condition, signal), latch in sorted(self._latches.items())
+            if latch.reported is not None
+        ]
+
+    def restore(self, kept: Kept) -> None:
+        hold = self.t.hold if kept.state else 0.0
+        self._latch(kept.condition, kept.signal, hold).restore(Fault(kept.value, kept.reason), kept.since)
 
     def _latch(self, condition: str, signal: str, hold: float) -> Latch:
         latch = self._latches.get((condition, signal))

@@ -14,7 +14,7 @@ from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from driver.health.gpu.grey import GpuReading, judge_gpu
-from driver.health.grey import GreyDevice
+from driver.health.grey import GreyDevice, Kept
 from driver.health.nic.grey import NicReading, judge_nic
 from driver.health.thresholds import GreyThresholds
 from driver.model import Condition, TaintEffect
@@ -63,6 +63,16 @@ class GreyJudge:
         """A device's conditions as last judged (nothing for one never judged)."""
         dev = self.devices.get(identity)
         return dev.conditions(self.domain, self.effects) if dev is not None else frozenset()
+
+    def kept(self) -> dict[str, list[Kept]]:
+        """Every device's reported verdicts, to keep across a restart."""
+        return {identity: kept for identity, dev in self.devices.items() if (kept := dev.kept())}
+
+    def restore(self, kept: Mapping[str, list[Kept]]) -> None:
+        """Reports again what a daemon before this one reported (`driver.health.grey_kept`)."""
+        for identity, verdicts in kept.items():
+            for k in verdicts:
+                self._device(identity).restore(k)
 
     def forget(self, keep: set[str]) -> None:
         """Drops every device not in `keep` (gone from the node)."""

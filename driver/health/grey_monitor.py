@@ -15,7 +15,7 @@ clocks and NVLinks are shared by all of them. NVML is opened for each round and 
 has released it (`tandemctl release`) the GPUs are not read and keep their last verdicts.
 
 One device that cannot be read (a failure no reader expected) is logged and keeps its last
-verdict; the others are still judged.
+verdict; the others are still judged. What is reported is kept across a restart (`grey_kept`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 from driver.health.gpu.grey import GpuReading, read_gpu
 from driver.health.gpu.policy import GpuDevices, index_gpus
 from driver.health.grey_judge import GreyJudge, NicRead
+from driver.health.grey_kept import KeptVerdicts
 from driver.health.nic.grey import read_nic
 from driver.health.thresholds import GreyThresholds
 from driver.inventory.store import Inventory
@@ -54,10 +55,12 @@ class GreyMonitor:
         kinds: Iterable[DeviceKind] = (DeviceKind.GPU, DeviceKind.NIC),
         effects: Mapping[str, TaintEffect] | None = None,
         source: str = "grey-health",
+        kept: KeptVerdicts | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.inventory = inventory
+        self.kept = kept
         self.thresholds = thresholds
         self.sysfs_root = sysfs_root
         self.driver_root = driver_root
@@ -76,6 +79,12 @@ class GreyMonitor:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Reports again what the daemon before reported (before the first publish: a restart
+        must not offer a sick device untainted), then reads in the thread."""
+        if self.kept is not None:
+            with self._lock:
+                self._judge.restore(self.kept.load())
+                self._publish(self.inventory.devices(), {})
         self._thread = threading.Thread(target=self._run, name="grey-health", daemon=True)
         self._thread.start()
 
@@ -99,25 +108,38 @@ class GreyMonitor:
         with self._lock:
             now, wall = self.clock(), self.wall_clock()
             devices = self.inventory.devices()
-            gpus = index_gpus(devices) if DeviceKind.GPU in self.kinds else {}
-            nics = [d for d in devices if d.kind == DeviceKind.NIC and d.nic] if DeviceKind.NIC in self.kinds else []
-            self._names = {_whole(gpu): uuid for uuid, gpu in gpus.items()}
-            self._names.update({d.name: d.nic.pci_address for d in nics if d.nic})
+            gpus, nics = self._devices(devices)
             verdicts = self._judge.judge(self._read_gpus(gpus), self._read_nics(nics), now, wall)
             self._judge.forget(set(self._names.values()))
-            found: dict[str, frozenset[Condition]] = {}
-            for uuid, gpu in gpus.items():
-                for name in gpu.devices:
-                    found[name] = verdicts.get(uuid, self._judge.conditions(uuid))
-            for d in nics:
-                assert d.nic is not None
-                found[d.name] = verdicts.get(d.nic.pci_address, self._judge.conditions(d.nic.pci_address))
-            for name in self._published.keys() - found.keys():
-                self._set(name, frozenset())
-            for name, conditions in found.items():
-                if conditions != self._published.get(name, frozenset()):
-                    self._set(name, conditions)
+            self._publish(devices, verdicts)
+            if self.kept is not None:
+                self.kept.save(self._judge.kept())
             self.rounds += 1
+
+    def _devices(self, devices: list[Device]) -> tuple[dict[str, GpuDevices], list[Device]]:
+        """The GPUs (by UUID) and NICs of the kinds watched; notes the identity of each name."""
+        gpus = index_gpus(devices) if DeviceKind.GPU in self.kinds else {}
+        nics = [d for d in devices if d.kind == DeviceKind.NIC and d.nic] if DeviceKind.NIC in self.kinds else []
+        self._names = {_whole(gpu): uuid for uuid, gpu in gpus.items()}
+        self._names.update({d.name: d.nic.pci_address for d in nics if d.nic})
+        return gpus, nics
+
+    def _publish(self, devices: list[Device], verdicts: Mapping[str, frozenset[Condition]]) -> None:
+        """Sets each device's conditions where they changed: this round's verdict, or the last one
+        of a device not read this round."""
+        gpus, nics = self._devices(devices)
+        found: dict[str, frozenset[Condition]] = {}
+        for uuid, gpu in gpus.items():
+            for name in gpu.devices:
+                found[name] = verdicts.get(uuid, self._judge.conditions(uuid))
+        for d in nics:
+            assert d.nic is not None
+            found[d.name] = verdicts.get(d.nic.pci_address, self._judge.conditions(d.nic.pci_address))
+        for name in self._published.keys() - found.keys():
+            self._set(name, frozenset())
+        for name, conditions in found.items():
+            if conditions != self._published.get(name, frozenset()):
+                self._set(name, conditions)
 
     def _read_gpus(self, gpus: dict[str, GpuDevices]) -> dict[str, GpuReading]:
         """What NVML and sysfs say of each GPU that answers; {} while NVML cannot be opened."""

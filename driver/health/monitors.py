@@ -16,6 +16,7 @@ from driver.health import effects_for, parse_taint_effects
 from driver.health.gpu.held import HeldResets
 from driver.health.gpu.monitor import GpuHealthMonitor
 from driver.health.gpu.policy import APPLICATION_XIDS, RESET_XIDS, GpuHealthPolicy
+from driver.health.grey_kept import KeptVerdicts
 from driver.health.grey_monitor import GreyMonitor
 from driver.health.nic.monitor import NicHealthMonitor
 from driver.health.thresholds import parse_thresholds
@@ -64,6 +65,7 @@ def build_monitors(cfg: Config, inventory: Inventory) -> list[Monitor]:
             domain=cfg.driver_name,
             kinds=cfg.device_kinds,
             effects=effects_for(effects, "grey", cfg.driver_name),
+            kept=KeptVerdicts(cfg.data_dir, boot_id()),
         )
     )
     return monitors

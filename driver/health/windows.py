@@ -102,3 +102,9 @@ class Latch:
             self.since_wall = wall - (now - self._bad_since)
         self.reported = fault
         return True
+
+    def restore(self, fault: Fault, since_wall: float) -> None:
+        """Reports `fault` again, as a daemon that restarted had reported it: it stays until the
+        signal reads well for `recovery`, as if the restart had not happened."""
+        self.reported, self.since_wall = fault, since_wall
+        self._bad_since = self._good_since = None
