@@ -4,14 +4,18 @@ with numbers; and the healthy behaviours that must taint nothing (one flap, cong
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Mapping
+from pathlib import Path
+
+import pytest
 
 from driver.health.grey import GreyDevice
 from driver.health.nic.counters import NicCounters
-from driver.health.nic.grey import NicReading, judge_nic
+from driver.health.nic.grey import NicReading, judge_nic, read_nic
 from driver.health.pcie_sysfs import AerCounts, PcieLink
 from driver.health.thresholds import GreyThresholds
-from driver.model import Condition, TaintEffect
+from driver.model import Condition, NicInfo, TaintEffect
 
 PERIOD = 30
 LINK = PcieLink(32.0, 16, 32.0, 16, "0000:17:01.0", 32.0, 16)
@@ -112,10 +116,7 @@ def test_congestion_taints_nothing_and_is_kept_for_metrics() -> None:
     assert dev.readings["port1/np_ecn_marked_roce_packets"] == 49 * 10**7
 
 
-def test_a_saturated_counter_is_logged_once(caplog: object) -> None:
-    import logging
-
-    assert isinstance(caplog, __import__("_pytest.logging").logging.LogCaptureFixture)
+def test_a_saturated_counter_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.WARNING):
         play([reading(local_link_integrity_errors=15)] * 5)
     assert [r.getMessage() for r in caplog.records].count(
@@ -151,3 +152,17 @@ def test_an_unreadable_port_counter_says_nothing() -> None:
     ports: Mapping[int, Mapping[str, int]] = {1: {}}
     r = NicReading(LINK, AerCounts(None, None, None), AerCounts(None, None, None), NicCounters(None, None, "", ports))
     assert not any(play([r] * 20))
+
+
+def test_a_nic_in_a_pod_is_not_read_for_flaps(tmp_path: Path) -> None:
+    """An exclusive NIC's netdev in its pod is the tenant's to take down and up at will: its
+    carrier is not read, while a host netdev of the same name would be."""
+    net = tmp_path / "class" / "net" / "ens1f0np0"
+    net.mkdir(parents=True)
+    (net / "carrier_changes").write_text("99\n")
+    (net / "speed").write_text("400000\n")
+    home = NicInfo("0000:d0:00.0", "ens1f0np0", "mlx5_0")
+    assert read_nic(tmp_path, home).counters.carrier_changes == 99
+    in_pod = dataclasses.replace(home, present=False)
+    assert read_nic(tmp_path, in_pod).counters.carrier_changes is None
+    assert read_nic(tmp_path, in_pod).counters.speed_mbps is None
