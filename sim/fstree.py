@@ -2,6 +2,13 @@
 
 Shared by the GPU side (`sim.sysfs`) and the NIC side (`sim.nics`) of the node, so that both lay
 out PCI functions the one way the kernel does (see `sim.sysfs` for the layout).
+
+Some files are the running node's, not the profile's: error counters and the state of a link
+change while the node runs (`sim.grey` changes them, as the hardware would). Rendering writes
+those only where they are missing (`write_once`), so that rendering again, after a hot-plug or a
+profile change, keeps what happened since; every other file is rewritten from the profile.
+Changes made while a reader may look (`replace`) are atomic: a reader sees the old count or the
+new, never a torn or empty file.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from sim.pcie import BRIDGE_CLASS, bridge_config, bridge_ids, port_type
+from cdi import atomic_write
+from sim.pcie import AER_FILES, BOARD_LINK, BRIDGE_CLASS, Link, aer_text, bridge_config, bridge_ids, port_type
 
 _PCI_CLASS_BY_VENDOR = {0x10DE: 0x030200, 0x15B3: 0x020000}  # 3D controller, Ethernet controller
 
@@ -19,6 +27,26 @@ _PCI_CLASS_BY_VENDOR = {0x10DE: 0x030200, 0x15B3: 0x020000}  # 3D controller, Et
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def write_once(path: Path, text: str) -> None:
+    """`write`, unless the file is there: it holds what the running node did (module docstring)."""
+    if not path.exists():
+        write(path, text)
+
+
+def replace(path: Path, text: str) -> None:
+    """Replace an existing file in one step, for a reader that may be reading it now. Not durable:
+    a rendered tree means nothing after a reboot."""
+    atomic_write(path, text.encode(), durable=False)
+
+
+def _pcie_state(directory: Path, link: Link) -> None:
+    """A PCIe function's or bridge's link and AER statistics, all errors zero (`sim.pcie`)."""
+    for name, text in link.files().items():
+        write_once(directory / name, text)
+    for file, errors, total in AER_FILES.values():
+        write_once(directory / file, aer_text(dict.fromkeys([*errors, total], 0)))
 
 
 def symlink(link: Path, target: Path) -> None:
@@ -41,13 +69,15 @@ def pci_device_dir(
     *,
     pci_class: int | None = None,
     bridges: Sequence[str] = (),
+    link: Link = BOARD_LINK,
 ) -> Path:
     """Create a PCI function's sysfs directory and its links; return the real directory.
 
     `pci_class` defaults to a 3D controller for NVIDIA and an Ethernet controller otherwise.
     `bridges`: the PCIe bridges between the host bridge and the function, root port first, each
     rendered with its config space (`sim.pcie`); without them a function off the root bus gets a
-    root port of its own.
+    root port of its own. `link`: the function's PCIe link; the port above it shows the same one
+    (both ends train alike, and the slot was built for the part), the other bridges the board's.
     """
     domain, bus, _ = bdf.split(":", 2)
     root_bus = pcie_root.split(":")[-1]
@@ -62,6 +92,7 @@ def pci_device_dir(
         write(parent / "vendor", f"0x{bridge_vendor:04x}\n")
         write(parent / "device", f"0x{bridge_device:04x}\n")
         (parent / "config").write_bytes(bridge_config(bridge_vendor, bridge_device, port))
+        _pcie_state(parent, link if position == len(bridges) - 1 else BOARD_LINK)
         symlink(sysfs_root / "bus" / "pci" / "devices" / bridge, parent)
     real = parent / bdf
     cls = pci_class if pci_class is not None else _PCI_CLASS_BY_VENDOR.get(vendor, 0x020000)
@@ -69,6 +100,7 @@ def pci_device_dir(
     write(real / "vendor", f"0x{vendor:04x}\n")
     write(real / "device", f"0x{device:04x}\n")
     write(real / "class", f"0x{cls:06x}\n")
+    _pcie_state(real, link)
     drivers = sysfs_root / "bus" / "pci" / "drivers"
     if driver is not None:
         symlink(real / "driver", drivers / driver)

@@ -4,12 +4,17 @@ Under the PCI function `devices/.../<bdf>/` (made by `sim.fstree.pci_device_dir`
 
 * `net/<ifname>/{address,mtu,speed,operstate,carrier,type,dev_port}` and `device` -> the function;
   `class/net/<ifname>` is a relative link to it. An empty `ifname` renders no netdev (an
-  InfiniBand function without IPoIB).
+  InfiniBand function without IPoIB). The carrier's history, `carrier_up_count`,
+  `carrier_down_count` and `carrier_changes` (their sum, as the kernel counts), starts at one rise
+  for a netdev that is up and none for one that is not.
 * `net/<ifname>/tandem-sim-addresses`: the NIC's addresses, one CIDR per line. Linux has no such
   file (addresses live in netlink only); discovery reads it only when told the node is simulated.
 * `infiniband/<rdma_device>/ports/<p>/{state,link_layer,gid_attrs/ndevs/0}` (GID 0 of every port
   names the netdev) and `device`; `class/infiniband/<rdma_device>` links to it. A RoCE port's
   `gids/0` is the default GID the kernel derives from the netdev's MAC (fe80::EUI-64).
+* `infiniband/<rdma_device>/fw_ver`, and per port `rate` ("400 Gb/sec (4X NDR)": the IB width and
+  lane speed mlx5 reports for the link's speed), the PMA counters `counters/<name>` (`PORT_COUNTERS`)
+  and mlx5's `hw_counters/<name>` (`HW_COUNTERS`, and the `lifespan` setting in ms).
 * `infiniband_verbs/uverbs<N>/{ibdev,dev}`, `infiniband_mad/umad<M>/{ibdev,port,dev}` and
   `issm<M>` likewise, with `class/infiniband_verbs/...` and `class/infiniband_mad/...` links.
   Port p uses M = uverbs_index + 32 * (p - 1), so single-port NICs have umad<N> == uverbs<N>.
@@ -20,6 +25,8 @@ Under the PCI function `devices/.../<bdf>/` (made by `sim.fstree.pci_device_dir`
   `mknod`, empty files otherwise.
 
 `unplug_nic` hot-removes a rendered NIC the way the kernel does (`render_nic` puts it back).
+Counters (the carrier's, the ports') are the running node's: rendering again keeps them
+(`sim.fstree.write_once`), and `sim.grey` raises them.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ import os
 import shutil
 from pathlib import Path
 
-from sim.fstree import char_device, pci_device_dir, symlink, write
+from sim.fstree import char_device, pci_device_dir, symlink, write, write_once
 from sim.profile import NicSpec
 
 SIM_ADDRESSES_FILE = "tandem-sim-addresses"
@@ -40,6 +47,51 @@ RDMA_CM_MINOR = 58
 UMAD_PORT_STRIDE = 32
 ARPHRD_ETHER = 1
 ARPHRD_INFINIBAND = 32
+
+# The PMA counters of a port (`counters/`) and their widths in bits (IBTA PortCounters; the data
+# counters from PortCountersExtended): each stops at its largest value.
+PORT_COUNTERS = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "port_xmit_discards": 16,
+    "port_xmit_wait": 32,
+    "port_rcv_data": 64,
+    "port_xmit_data": 64,
+}
+# mlx5's `hw_counters/` and their widths: the queue counters' 32 bits and the congestion
+# counters' (np_*, rp_*) 64 wrap around.
+HW_COUNTERS = {
+    "out_of_sequence": 32,
+    "packet_seq_err": 32,
+    "implied_nak_seq_err": 32,
+    "local_ack_timeout_err": 32,
+    "req_transport_retries_exceeded": 32,
+    "duplicate_request": 32,
+    "rnr_nak_retry_err": 32,
+    "out_of_buffer": 32,
+    "np_ecn_marked_roce_packets": 64,
+    "np_cnp_sent": 64,
+    "rp_cnp_handled": 64,
+    "rp_cnp_ignored": 64,
+}
+HW_LIFESPAN_MS = 10  # `hw_counters/lifespan`: how long mlx5 keeps a read's values, a setting
+# Tenths of a Gb/s per lane of each IB speed, and the width and speed mlx5 reports for an
+# Ethernet link of each speed in Mb/s (drivers/infiniband/core/sysfs.c, drivers/infiniband/hw/mlx5).
+_LANE_RATES = {"SDR": 25, "DDR": 50, "QDR": 100, "FDR": 140, "EDR": 250, "HDR": 500, "NDR": 1000, "XDR": 2000}
+_IB_LINKS = {
+    10000: (1, "QDR"),
+    25000: (1, "EDR"),
+    40000: (4, "QDR"),
+    50000: (2, "EDR"),
+    100000: (4, "EDR"),
+    200000: (4, "HDR"),
+    400000: (4, "NDR"),
+    800000: (8, "NDR"),
+}
 
 
 def umad_index(nic: NicSpec, port: int) -> int:
@@ -54,6 +106,14 @@ def default_gid(mac: str) -> str:
     return "fe80:0000:0000:0000:" + ":".join(eui[i : i + 2].hex() for i in range(0, 8, 2))
 
 
+def rate_string(mbps: int) -> str:
+    """A port's `rate` as the kernel prints it for a link of `mbps`; a speed no IB width and lane
+    speed make (a link down) as the kernel's default, 1X SDR."""
+    width, speed = _IB_LINKS.get(mbps, (1, "SDR"))
+    tenths = _LANE_RATES[speed] * width
+    return f"{tenths // 10}{'.5' if tenths % 10 else ''} Gb/sec ({width}X {speed})\n"
+
+
 def render_netdev(fn: Path, sysfs_root: Path, nic: NicSpec, ifname: str, dev_port: int = 0) -> Path:
     """One netdev of the function `fn`; a multi-port function gets one per port (`dev_port`)."""
     net = fn / "net" / ifname
@@ -65,6 +125,10 @@ def render_netdev(fn: Path, sysfs_root: Path, nic: NicSpec, ifname: str, dev_por
     write(net / "carrier", "1\n" if nic.operstate == "up" else "0\n")
     write(net / "type", f"{ARPHRD_INFINIBAND if ib else ARPHRD_ETHER}\n")
     write(net / "dev_port", f"{dev_port}\n")
+    up = 1 if nic.operstate == "up" else 0
+    write_once(net / "carrier_up_count", f"{up}\n")
+    write_once(net / "carrier_down_count", "0\n")
+    write_once(net / "carrier_changes", f"{up}\n")
     write(net / SIM_ADDRESSES_FILE, "".join(f"{a}\n" for a in [*nic.ipv4, *nic.ipv6]))
     symlink(net / "device", fn)
     symlink(sysfs_root / "class" / "net" / ifname, net)
@@ -87,10 +151,17 @@ def render_nic(nic: NicSpec, sysfs_root: Path, dev_root: Path) -> None:
         render_netdev(fn, sysfs_root, nic, nic.ifname)
 
     rdma = fn / "infiniband" / nic.rdma_device
+    write(rdma / "fw_ver", f"{nic.fw_ver}\n")
     for port in range(1, nic.ports + 1):
         port_dir = rdma / "ports" / str(port)
         write(port_dir / "state", f"{nic.port_state}\n")
         write(port_dir / "link_layer", f"{nic.link_layer}\n")
+        write(port_dir / "rate", rate_string(nic.speed_mbps))
+        for name in PORT_COUNTERS:
+            write_once(port_dir / "counters" / name, "0\n")
+        for name in HW_COUNTERS:
+            write_once(port_dir / "hw_counters" / name, "0\n")
+        write_once(port_dir / "hw_counters" / "lifespan", f"{HW_LIFESPAN_MS}\n")
         write(port_dir / "gid_attrs" / "ndevs" / "0", f"{nic.ifname}\n")
         if nic.link_layer == "Ethernet" and nic.mac:
             write(port_dir / "gids" / "0", f"{default_gid(nic.mac)}\n")

@@ -15,11 +15,21 @@ internal bus; the switch a device sits behind is the nearest upstream port above
 The board (`hgx_board`): an HGX-like layout, two GPUs and one NIC behind each switch, two switches
 behind each root complex (one root port each), root complexes alternating between the NUMA nodes'
 sockets. More NICs than switches share the switches round-robin.
+
+Links (`Link`): every PCIe function and bridge shows its link in sysfs, the Link Status register's
+speed and width (`current_link_speed`, `current_link_width`) beside the Link Capabilities' maxima
+(`max_link_speed`, `max_link_width`), speeds spelt as kernels since 5.7 spell them ("32.0 GT/s
+PCIe"). A link trains alike at both ends: the function's current link is its port's.
+
+AER statistics (`AER_FILES`): every function and bridge counts the errors it saw, one file per
+severity in the format of drivers/pci/pcie/aer.c: a "<name> <count>" line for each error bit that
+has a name, in bit order, then the file's "TOTAL_<ERR_...> <count>".
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # PCI Express capability, Device/Port Type (PCIe base spec 7.5.3.2).
@@ -42,6 +52,39 @@ _SWITCHES_PER_ROOT = 2
 _BUSES_PER_SWITCH = 8  # upstream port's bus, the internal bus, then up to 6 endpoint buses
 GPUS_PER_SWITCH = 2
 MAX_NICS_PER_SWITCH = 4
+
+# Transfer rate per lane of each PCIe generation, in GT/s (`pci_speed_string` in drivers/pci/probe.c).
+GENERATION_GTS = {1: 2.5, 2: 5.0, 3: 8.0, 4: 16.0, 5: 32.0, 6: 64.0}
+
+
+def speed_string(gts: float) -> str:
+    """How sysfs spells a link speed, e.g. "32.0 GT/s PCIe"; ValueError for no generation's rate."""
+    if gts not in GENERATION_GTS.values():
+        raise ValueError(f"{gts} GT/s is no PCIe generation's rate ({sorted(GENERATION_GTS.values())})")
+    return f"{gts:.1f} GT/s PCIe"
+
+
+@dataclass(frozen=True)
+class Link:
+    """A PCIe link as one end sees it: the generation and width it trained to, and the most the
+    end can do (its Link Capabilities)."""
+
+    gen: int = 5
+    width: int = 16
+    max_gen: int = 5
+    max_width: int = 16
+
+    def files(self) -> dict[str, str]:
+        """The link's sysfs attributes by file name, as the kernel prints them."""
+        return {
+            "current_link_speed": speed_string(GENERATION_GTS[self.gen]) + "\n",
+            "current_link_width": f"{self.width}\n",
+            "max_link_speed": speed_string(GENERATION_GTS[self.max_gen]) + "\n",
+            "max_link_width": f"{self.max_width}\n",
+        }
+
+
+BOARD_LINK = Link()  # what the board's parts and ports all are: Gen5 x16
 
 
 def port_type(position: int) -> int:
@@ -116,3 +159,38 @@ def hgx_board(gpus: int, nics: int, numa_nodes: int = 2) -> tuple[list[Slot], li
                 numa_node=numa,
             )
     return [slots[f"gpu{i}"] for i in range(gpus)], [slots[f"nic{j}"] for j in range(nics)]
+
+
+# The AER error bits the kernel names (aer_correctable_error_string, aer_uncorrectable_error_string).
+CORRECTABLE_ERRORS = ("RxErr", "BadTLP", "BadDLLP", "Rollover", "Timeout", "NonFatalErr", "CorrIntErr", "HeaderOF")
+UNCORRECTABLE_ERRORS = (
+    "Undefined",
+    "DLP",
+    "SDES",
+    "TLP",
+    "FCP",
+    "CmpltTO",
+    "CmpltAbrt",
+    "UnxCmplt",
+    "RxOF",
+    "MalfTLP",
+    "ECRC",
+    "UnsupReq",
+    "ACSViol",
+    "UncorrIntErr",
+    "BlockedTLP",
+    "AtomicOpBlocked",
+    "TLPBlockedErr",
+    "PoisonTLPBlocked",
+)
+# Severity: its file, its named error bits, its total line.
+AER_FILES = {
+    "correctable": ("aer_dev_correctable", CORRECTABLE_ERRORS, "TOTAL_ERR_COR"),
+    "nonfatal": ("aer_dev_nonfatal", UNCORRECTABLE_ERRORS, "TOTAL_ERR_NONFATAL"),
+    "fatal": ("aer_dev_fatal", UNCORRECTABLE_ERRORS, "TOTAL_ERR_FATAL"),
+}
+
+
+def aer_text(counts: Mapping[str, int]) -> str:
+    """An AER statistics file with these counts, its lines in the order given."""
+    return "".join(f"{name} {n}\n" for name, n in counts.items())

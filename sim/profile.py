@@ -199,6 +199,25 @@ class GpuSpec:
     utilization_gpu: int = 0
     utilization_memory: int = 0
     memory_used_bytes: int = 0
+    # Grey failures: the GPU works, worse than it should. The PCIe link (nvmlDevice*Pcie*): the
+    # generation it trains to under load, the most the device and the system allow together
+    # (nvmlDeviceGetMaxPcieLinkGeneration) and the device alone, the generation an idle GPU drops
+    # to (as NVIDIA GPUs save power), its width and most width, and the link's replays.
+    pcie_link_gen: int = 5
+    pcie_link_gen_max: int = 5
+    pcie_link_gen_gpu_max: int = 5
+    pcie_idle_gen: int = 1
+    pcie_link_width: int = 16
+    pcie_link_width_max: int = 16
+    pcie_replay_counter: int = 0
+    # nvmlClocksEventReason* bits holding the clocks down besides idleness (which the fake adds):
+    # 0x8 HwSlowdown, 0x40 HwThermalSlowdown, 0x80 HwPowerBrakeSlowdown, 0x4 SwPowerCap, ...
+    clocks_event_reasons: int = 0
+    # NVLink: the GPU's links (0: none, NVML answers NOT_SUPPORTED), those inactive, and the error
+    # totals over all links by kind ("replay", "recovery", "crc_flit", "crc_data").
+    nvlink_count: int = 0
+    nvlink_down: list[int] = field(default_factory=list)
+    nvlink_errors: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -229,6 +248,7 @@ class NicSpec:
     ipv6: list[str] = field(default_factory=list)
     # PCIe bridges between the root complex and the function, root port first (`sim.pcie`).
     pcie_bridges: list[str] = field(default_factory=list)
+    fw_ver: str = "28.39.1002"  # the RDMA device's firmware (`infiniband/<dev>/fw_ver`)
 
 
 @dataclass
@@ -282,6 +302,7 @@ class NodeProfile:
 
 
 _GIB = 1024**3
+H100_NVLINKS = 18  # NVLink 4 links of an H100 SXM, all to the board's NVSwitches
 
 
 def _uuid(prefix: str, n: int) -> str:
@@ -308,6 +329,7 @@ def h100_node(name: str = "node-1", gpus: int = 8, nics: int = 4, *, mig_capable
             numa_node=slot.numa_node,
             memory_bytes=80 * _GIB,
             pcie_bridges=list(slot.bridges),
+            nvlink_count=H100_NVLINKS,
             mig_capable=mig_capable,
             mig_profiles=list(H100_80GB_MIG) if mig_capable else [],
         )

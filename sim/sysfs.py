@@ -7,6 +7,10 @@ Layout follows the kernel's so that discovery code cannot tell the difference:
   (`../../../devices/...`), the way the kernel makes it. The bridges are the device's
   `pcie_bridges` (root port, switch ports: `sim.pcie`), or else a root port on the root bus
   (`<domain>:<root bus>:01.0`); a function on the root bus itself hangs directly off the root.
+  Every function and bridge has its link (`{current,max}_link_{speed,width}`) and AER statistics
+  (`aer_dev_{correctable,nonfatal,fatal}`), all errors zero (`sim.pcie`). A GPU's link is the one
+  it trained to under load (`pcie_link_gen`, `pcie_link_width`): the idle downshift only its NVML
+  shows, which is where the driver reads a GPU's link from.
 * `module/nvidia`, `module/nvidia_peermem` and `/proc/sys/kernel/osrelease`: what GPUDirect RDMA
   needs (`sim.gpudirect`).
 * `devices/system/node/node<N>/{distance,cpulist,cpu<K>}` describe the NUMA nodes and
@@ -28,7 +32,8 @@ Layout follows the kernel's so that discovery code cannot tell the difference:
   `DeviceFileMode: 292` = 0444), which map MIG devices to `/dev/nvidia-caps/nvidia-cap<N>`.
 
 Rendering is idempotent: it can be re-run over an existing tree after the profile changed (a
-removed device's files are not deleted; tests that remove hardware render a fresh tree).
+removed device's files are not deleted; tests that remove hardware render a fresh tree). It keeps
+what the running node changed, error counters and link states (`sim.fstree.write_once`).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from pathlib import Path
 from sim.fstree import char_device, pci_device_dir, symlink, write
 from sim.gpudirect import render_kernel_modules
 from sim.nics import render_nic
+from sim.pcie import Link
 from sim.profile import GpuSpec, NodeProfile
 
 CPUS_PER_NODE = 4
@@ -202,6 +208,7 @@ def render_node(
             gpu.pci_device_id,
             "nvidia",
             bridges=gpu.pcie_bridges,
+            link=Link(gpu.pcie_link_gen, gpu.pcie_link_width, gpu.pcie_link_gen_gpu_max, gpu.pcie_link_width_max),
         )
     _render_gpu_dev_nodes(profile, dev_root, lazy_nodes)
     if proc_root is not None:

@@ -45,6 +45,18 @@ recovery action (`recovery_action`, an `NVML_GPU_RECOVERY_ACTION_*` value) is th
 (`null`) models a driver without that field: the call succeeds and the field's own `nvmlReturn`
 is `NVML_ERROR_NOT_SUPPORTED`, as NVML reports a field it does not know.
 
+Grey failures (profile fields, `sim.grey.set_gpu_signals`), what a GPU that still works shows
+when it works worse: the PCIe link (`nvmlDeviceGet{Curr,Max,GpuMax}PcieLinkGeneration`,
+`nvmlDeviceGet{Curr,Max}PcieLinkWidth`, `nvmlDeviceGetPcieReplayCounter`), where an idle GPU
+(`utilization_gpu` 0) reports its link at `pcie_idle_gen` at most, as NVIDIA GPUs lower the link's
+speed while idle, so only a GPU under load shows the generation its link trained to; the clocks
+event reasons (`nvmlDeviceGetCurrentClocksEventReasons` and its deprecated Throttle name), the
+profile's bits and GpuIdle while idle; NVLink (`nvmlDeviceGetNvLinkState` per link, NOT_SUPPORTED
+on a GPU without links); and the field values `NVML_FI_DEV_PCIE_REPLAY_COUNTER`,
+`NVML_FI_DEV_NVLINK_LINK_COUNT`, `NVML_FI_DEV_NVLINK_GET_STATE` (scopeId: the link) and the
+NVLink error totals over all links (CRC flit, CRC data, replay, recovery). All of them are
+NOT_SUPPORTED on a MIG device's handle, as NVML answers: the link and the clocks are the GPU's.
+
 Usage (profile fields, `sim.nvml.set_usage`): a GPU's `utilization_gpu` and `utilization_memory`
 are `nvmlDeviceGetUtilizationRates`' answer (NOT_SUPPORTED on a GPU in MIG mode and on its MIG
 devices, as NVML documents), and a GPU's or MIG device's `memory_used_bytes` the `used` of
@@ -184,7 +196,31 @@ NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 NVML_VALUE_TYPE_SIGNED_INT = 5
 NVML_VALUE_TYPE_UNSIGNED_SHORT = 6
 
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = 38
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = 45
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = 52
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = 59
+NVML_FI_DEV_NVLINK_LINK_COUNT = 91
+NVML_FI_DEV_PCIE_REPLAY_COUNTER = 94
+NVML_FI_DEV_NVLINK_GET_STATE = 165
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230
+
+NVML_NVLINK_MAX_LINKS = 36
+NVML_NVLINK_STATE_INACTIVE = 0x0
+NVML_NVLINK_STATE_ACTIVE = 0x1
+NVML_NVLINK_STATE_SLEEP = 0x2
+NVML_NVLINK_STATE_ACTIVE_TRAFFIC_DISABLED = 0x3
+
+nvmlClocksEventReasonGpuIdle = 0x0000000000000001
+nvmlClocksEventReasonApplicationsClocksSetting = 0x0000000000000002
+nvmlClocksEventReasonSwPowerCap = 0x0000000000000004
+nvmlClocksEventReasonHwSlowdown = 0x0000000000000008
+nvmlClocksEventReasonSyncBoost = 0x0000000000000010
+nvmlClocksEventReasonSwThermalSlowdown = 0x0000000000000020
+nvmlClocksEventReasonHwThermalSlowdown = 0x0000000000000040
+nvmlClocksEventReasonHwPowerBrakeSlowdown = 0x0000000000000080
+nvmlClocksEventReasonDisplayClockSetting = 0x0000000000000100
+nvmlClocksEventReasonNone = 0x0000000000000000
 
 NVML_GPU_RECOVERY_ACTION_NONE = 0
 NVML_GPU_RECOVERY_ACTION_GPU_RESET = 1
@@ -541,7 +577,7 @@ def _load(path: str) -> None:
     _gpus = gpus
     _by_uuid = {}
     for g in gpus:
-        _by_uuid.setdefault(g.get("uuid"), g)
+        _by_uuid.setdefault(str(g.get("uuid", "")), g)
     _system = raw
     _state_key = (st.st_ino, st.st_mtime_ns, st.st_size)
 
@@ -1451,26 +1487,136 @@ def nvmlDeviceGetRetiredPagesPendingStatus(device: c_nvmlDevice_t) -> int:
     return NVML_FEATURE_ENABLED if gpu.get("retired_pages_pending") else NVML_FEATURE_DISABLED
 
 
+# --- grey failures: PCIe link, clocks, NVLink -----------------------------------------------------
+
+# A healthy H100 SXM's signals: what a state file written before the fields existed means.
+_HEALTHY = {
+    "pcie_link_gen": 5,
+    "pcie_link_gen_max": 5,
+    "pcie_link_gen_gpu_max": 5,
+    "pcie_idle_gen": 1,
+    "pcie_link_width": 16,
+    "pcie_link_width_max": 16,
+    "pcie_replay_counter": 0,
+    "clocks_event_reasons": 0,
+    "nvlink_count": 0,
+}
+
+
+def _signal(gpu: dict[str, Any], name: str) -> int:
+    return int(gpu.get(name, _HEALTHY[name]))
+
+
+def _idle(gpu: dict[str, Any]) -> bool:
+    """Nothing kept the GPU busy over the last sample: it saves power, on its link and its clocks."""
+    return int(gpu.get("utilization_gpu", 0)) == 0
+
+
+def nvmlDeviceGetCurrPcieLinkGeneration(handle: c_nvmlDevice_t) -> int:
+    """The generation now: an idle GPU's link runs slower than it trained to (module docstring)."""
+    gpu = _full_gpu("nvmlDeviceGetCurrPcieLinkGeneration", handle)
+    trained = _signal(gpu, "pcie_link_gen")
+    return min(trained, _signal(gpu, "pcie_idle_gen")) if _idle(gpu) else trained
+
+
+def nvmlDeviceGetMaxPcieLinkGeneration(handle: c_nvmlDevice_t) -> int:
+    """The most the GPU and the system's slot can do together."""
+    return _signal(_full_gpu("nvmlDeviceGetMaxPcieLinkGeneration", handle), "pcie_link_gen_max")
+
+
+def nvmlDeviceGetGpuMaxPcieLinkGeneration(handle: c_nvmlDevice_t) -> int:
+    """The most the GPU alone can do, whatever slot it sits in."""
+    return _signal(_full_gpu("nvmlDeviceGetGpuMaxPcieLinkGeneration", handle), "pcie_link_gen_gpu_max")
+
+
+def nvmlDeviceGetCurrPcieLinkWidth(handle: c_nvmlDevice_t) -> int:
+    return _signal(_full_gpu("nvmlDeviceGetCurrPcieLinkWidth", handle), "pcie_link_width")
+
+
+def nvmlDeviceGetMaxPcieLinkWidth(handle: c_nvmlDevice_t) -> int:
+    return _signal(_full_gpu("nvmlDeviceGetMaxPcieLinkWidth", handle), "pcie_link_width_max")
+
+
+def nvmlDeviceGetPcieReplayCounter(handle: c_nvmlDevice_t) -> int:
+    return _signal(_full_gpu("nvmlDeviceGetPcieReplayCounter", handle), "pcie_replay_counter")
+
+
+def _clocks_event_reasons(func: str, handle: c_nvmlDevice_t) -> int:
+    gpu = _full_gpu(func, handle)
+    idle = nvmlClocksEventReasonGpuIdle if _idle(gpu) else nvmlClocksEventReasonNone
+    return _signal(gpu, "clocks_event_reasons") | idle
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: c_nvmlDevice_t) -> int:
+    return _clocks_event_reasons("nvmlDeviceGetCurrentClocksEventReasons", handle)
+
+
+def nvmlDeviceGetCurrentClocksThrottleReasons(handle: c_nvmlDevice_t) -> int:
+    """The deprecated name, a C function of its own: an error injected under one leaves the other."""
+    return _clocks_event_reasons("nvmlDeviceGetCurrentClocksThrottleReasons", handle)
+
+
+def nvmlDeviceGetNvLinkState(device: c_nvmlDevice_t, link: int) -> int:
+    gpu = _full_gpu("nvmlDeviceGetNvLinkState", device)
+    links = _signal(gpu, "nvlink_count")
+    if links == 0:
+        _raise(NVML_ERROR_NOT_SUPPORTED)
+    if not 0 <= link < links:
+        _raise(NVML_ERROR_INVALID_ARGUMENT)
+    return NVML_FEATURE_DISABLED if link in gpu.get("nvlink_down", []) else NVML_FEATURE_ENABLED
+
+
 # --- field values --------------------------------------------------------------------------------
+
+_NVLINK_ERROR_FIELDS = {  # field: its key in the profile's `nvlink_errors`
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crc_flit",
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "crc_data",
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
+}
+_NVLINK_FIELDS = (NVML_FI_DEV_NVLINK_LINK_COUNT, NVML_FI_DEV_NVLINK_GET_STATE, *_NVLINK_ERROR_FIELDS)
+
+
+def _field(gpu: dict[str, Any], fid: int, scope: int) -> tuple[int, int, int]:
+    """One field of a full GPU: (its nvmlReturn, valueType, value)."""
+    uint, ull = NVML_VALUE_TYPE_UNSIGNED_INT, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+    action = gpu.get("recovery_action")
+    if fid == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None:
+        return NVML_SUCCESS, uint, int(action)
+    if fid == NVML_FI_DEV_PCIE_REPLAY_COUNTER:
+        return NVML_SUCCESS, uint, _signal(gpu, "pcie_replay_counter")
+    links = _signal(gpu, "nvlink_count")
+    if fid not in _NVLINK_FIELDS or links == 0:
+        return NVML_ERROR_NOT_SUPPORTED, 0, 0
+    if fid == NVML_FI_DEV_NVLINK_LINK_COUNT:
+        return NVML_SUCCESS, uint, links
+    if fid == NVML_FI_DEV_NVLINK_GET_STATE:
+        if not 0 <= scope < links:
+            return NVML_ERROR_INVALID_ARGUMENT, 0, 0
+        down = scope in gpu.get("nvlink_down", [])
+        return NVML_SUCCESS, uint, NVML_NVLINK_STATE_INACTIVE if down else NVML_NVLINK_STATE_ACTIVE
+    return NVML_SUCCESS, ull, int(gpu.get("nvlink_errors", {}).get(_NVLINK_ERROR_FIELDS[fid], 0))
 
 
 def nvmlDeviceGetFieldValues(handle: c_nvmlDevice_t, fieldIds: list[int | tuple[int, int]]) -> Any:
-    """Like NVML: the call succeeds and each field carries its own `nvmlReturn`. Only the recovery
-    action is modelled; every other field, and the recovery action of a GPU whose profile has none
-    (a driver before the field existed) or of a MIG device, is NOT_SUPPORTED."""
+    """Like NVML: the call succeeds and each field carries its own `nvmlReturn`. Modelled: the
+    recovery action, the PCIe replay counter and the NVLink fields (module docstring); every other
+    field, the recovery action of a GPU whose profile has none (a driver before the field existed),
+    the NVLink fields of a GPU without links and every field of a MIG device are NOT_SUPPORTED."""
     gpu, mig = _resolve("nvmlDeviceGetFieldValues", handle)
     values = (c_nvmlFieldValue_t * len(fieldIds))()
     for i, field_id in enumerate(fieldIds):
         fid, scope = field_id if isinstance(field_id, tuple) else (field_id, 0)
         values[i].fieldId, values[i].scopeId = fid, scope
         values[i].timestamp = time.time_ns() // 1000
-        action = gpu.get("recovery_action")
-        if fid == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None and mig is None:
-            values[i].nvmlReturn = NVML_SUCCESS
-            values[i].valueType = NVML_VALUE_TYPE_UNSIGNED_INT
-            values[i].value.uiVal = int(action)
-        else:
-            values[i].nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        ret, value_type, value = (NVML_ERROR_NOT_SUPPORTED, 0, 0) if mig is not None else _field(gpu, fid, scope)
+        values[i].nvmlReturn = ret
+        if ret == NVML_SUCCESS:
+            values[i].valueType = value_type
+            if value_type == NVML_VALUE_TYPE_UNSIGNED_LONG_LONG:
+                values[i].value.ullVal = value
+            else:
+                values[i].value.uiVal = value
     return values
 
 
