@@ -55,7 +55,7 @@ def render_devices(doc: DevicesDoc, wide: bool) -> str:
         rows.append(row)
     # A taint says which rule, not why: each device that is not plainly healthy gets its words.
     why = [f"{d['name']}: {d['healthMessage']}" for d in doc["devices"] if d["healthMessage"]]
-    return table(rows) + ("\n" + "\n".join(why) if why else "")
+    return table(rows) + ("\n\n" + "\n".join(why) if why else "")
 
 
 def render_claims(doc: ClaimsDoc, wide: bool) -> str:

@@ -427,7 +427,8 @@ def test_ctl_devices_table(node: Node, capsys: pytest.CaptureFixture[str]) -> No
     node.prepared["u1"] = _claim("ml", "train", "gpu-0")
     node.inventory.set_conditions("gpu", "gpu-1", [XID])
     assert node.ctl("devices") == 0
-    lines = capsys.readouterr().out.splitlines()
+    table, why = capsys.readouterr().out.split("\n\n")
+    lines = table.splitlines()
     assert lines[0].split() == [
         "DEVICE",
         "KIND",
@@ -447,6 +448,8 @@ def test_ctl_devices_table(node: Node, capsys: pytest.CaptureFixture[str]) -> No
     # Columns are aligned: every row's HEALTH column starts where the header's does.
     col = lines[0].index("HEALTH")
     assert all(line[col:].split()[0] in ("Healthy", "Unhealthy") for line in lines[1:])
+    # Then why, in words, for each device that is not plainly healthy.
+    assert why.splitlines() == [f"gpu-1: {XID.message}"]
 
 
 def test_ctl_json_is_the_endpoint_document(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
