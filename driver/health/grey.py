@@ -105,6 +105,10 @@ class GreyDevice:
             window = self._windows[name] = CounterWindow(self.t.window, saturation)
         return window.add(value, now)
 
+    def reported(self, condition: str, signal: str) -> bool:
+        latch = self._latches.get((condition, signal))
+        return latch is not None and latch.reported is not None
+
     def record(self, name: str, value: int) -> None:
         """A counter kept for metrics only, judged by no rule (congestion: a busy fabric, not a sick NIC)."""
         self.readings[name] = value

@@ -143,15 +143,25 @@ def judge_gpu(dev: GreyDevice, r: GpuReading, nvlinks_expected: int | None, now:
 
 
 def _judge_link(dev: GreyDevice, r: GpuReading, now: float, wall: float) -> None:
-    if r.width is not None and r.width_max and r.width < r.width_max:
-        fault = Fault(f"x{r.width}-of-x{r.width_max}", f"PCIe link trained at x{r.width} of x{r.width_max}")
-        dev.state(PCIE_DEGRADED, "link", fault, now, wall)
-    elif r.gen is not None and r.gen_max and r.gen < r.gen_max:
-        if r.reasons is not None and not r.reasons & GPU_IDLE:
-            fault = Fault(f"gen{r.gen}-of-gen{r.gen_max}", f"PCIe link at Gen{r.gen} of Gen{r.gen_max} while busy")
-            dev.state(PCIE_DEGRADED, "link", fault, now, wall)
-    elif r.width is not None and r.gen is not None:
-        dev.state(PCIE_DEGRADED, "link", None, now, wall)
+    """Width at every read; generation only while busy, except that an idle read counts as well
+    for a slow link already reported: a GPU fenced for it gets no work, so it would stay idle and
+    fenced for ever. Given back after `recovery` idle, it is caught again within `hold` of work if
+    its link is still slow."""
+    if r.width is not None and r.width_max:
+        fault = None
+        if r.width < r.width_max:
+            fault = Fault(f"x{r.width}-of-x{r.width_max}", f"PCIe link trained at x{r.width} of x{r.width_max}")
+        dev.state(PCIE_DEGRADED, "width", fault, now, wall)
+    if r.gen is None or not r.gen_max or r.reasons is None:
+        return
+    if r.reasons & GPU_IDLE:
+        if dev.reported(PCIE_DEGRADED, "generation"):
+            dev.state(PCIE_DEGRADED, "generation", None, now, wall)
+        return
+    fault = None
+    if r.gen < r.gen_max:
+        fault = Fault(f"gen{r.gen}-of-gen{r.gen_max}", f"PCIe link at Gen{r.gen} of Gen{r.gen_max} while busy")
+    dev.state(PCIE_DEGRADED, "generation", fault, now, wall)
 
 
 def _judge_nvlink(dev: GreyDevice, r: GpuReading, expected: int | None, now: float, wall: float) -> None:

@@ -38,9 +38,9 @@ def reads(n: int, r: GpuReading) -> list[GpuReading]:
     return [r] * n
 
 
-def test_a_narrow_link_is_tainted_once_it_held_and_clears_after_recovery() -> None:
+def test_a_narrow_link_is_tainted_once_it_held_and_clears_after_recovery_even_idle() -> None:
     narrow = dataclasses.replace(HEALTHY, width=8)
-    out = play(reads(11, narrow) + reads(21, HEALTHY))
+    out = play(reads(11, narrow) + reads(21, IDLE))
     assert not out[9]  # 270 s seen: under the 300 s hold
     (c,) = out[10]
     assert (c.key, c.value, c.effect, c.unhealthy) == (
@@ -59,11 +59,19 @@ def test_an_idle_gpu_lowering_its_link_speed_taints_nothing() -> None:
     assert not any(out)
 
 
-def test_a_slow_link_while_busy_is_tainted_and_idle_reads_say_nothing() -> None:
+def test_a_slow_link_while_busy_is_tainted_and_idle_reads_do_not_taint() -> None:
     gen3 = dataclasses.replace(HEALTHY, gen=3)
     out = play(reads(5, gen3) + reads(20, IDLE) + reads(6, gen3))
-    assert keys(out[-1]) == {"tandem.dev/pcie-degraded": "gen3-of-gen5"}
+    assert keys(out[-1]) == {"tandem.dev/pcie-degraded": "gen3-of-gen5"}  # the idle reads broke no hold
     assert not out[4]
+
+
+def test_a_gpu_fenced_for_a_slow_link_is_given_back_after_idling_and_caught_again_under_work() -> None:
+    gen3 = dataclasses.replace(HEALTHY, gen=3)
+    out = play(reads(11, gen3) + reads(21, IDLE) + reads(11, gen3))
+    assert out[10] and out[30]
+    assert not out[31]  # 600 s idle: given back
+    assert not out[41] and keys(out[42]) == {"tandem.dev/pcie-degraded": "gen3-of-gen5"}  # 300 s of work
 
 
 def test_boost_power_capping_and_sync_boost_taint_nothing() -> None:
