@@ -12,7 +12,7 @@ Speed and memory are measured here, never asserted in timed tests. Sections:
   sharing    MPS-shared GPU: prepare of the first share (starts the GPU's MPS daemon) and of a second
              (reuses it), their unprepares (the last stops it), vs a claim for a whole GPU
   health     NVML event -> condition, event -> taint in the API and -> health stream, flapping, idle CPU, RSS
-             (idle, and across 1,000 prepare/unprepare cycles)
+             (idle, and across 1,000 prepare/unprepare cycles), the idle cost of the grey-failure reads
   cluster    pod create-to-Running with 1-GPU and GPU+NIC claims in the real cluster (hack/cluster.sh up),
              and the share spent in Tandem's NodePrepareResources
   binding    dynamic-MIG pod create-to-Running with and without binding conditions, and from a partition
@@ -121,6 +121,7 @@ def health(quick: bool) -> dict[str, Any]:
         "flapping_50_in_10s_no_debounce": bench_daemon.bench_flapping(debounce=0.0),
         "flapping_netns_condition_changes": bench_nic_health.bench_flap_condition_changes(),
         "footprint_8_gpus_8_nics": bench_daemon.bench_footprint(10 if quick else 60, 200 if quick else 1000),
+        "grey_failure_reads_idle_cost": bench_daemon.bench_grey_idle_cost(20 if quick else 120),
     }
 
 

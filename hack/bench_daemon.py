@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -233,6 +234,48 @@ def bench_footprint(seconds: float = 60.0, cycles: int = 1000) -> dict[str, Any]
             ),
             "rss_peak_mib": round(_status_kib(pid, "VmHWM") / 1024, 1),
         }
+
+
+GREY_OFF = (
+    "--grey-threshold",
+    "period=1000000",
+    "--grey-threshold",
+    "window=2000000",
+    "--grey-threshold",
+    "rising-reads=1",
+)
+
+
+def _idle_cpu(profile: NodeProfile, seconds: float, *flags: str) -> float:
+    """Percent of a core the daemon spends idle over `seconds`, after its start-up work."""
+    with _daemon(profile, *flags) as d:
+        time.sleep(3)  # start-up work (first discovery, publish, first grey round) is not idle time
+        cpu0, t0 = _cpu_seconds(d.proc.pid), time.monotonic()
+        time.sleep(seconds)
+        return 100 * (_cpu_seconds(d.proc.pid) - cpu0) / (time.monotonic() - t0)
+
+
+def bench_grey_idle_cost(seconds: float = 120.0) -> dict[str, Any]:
+    """What the grey-failure reads cost an idle 8-GPU + 8-NIC node: the daemon idle with them off
+    (a period longer than the run), at their default period (30 s), and at a period of 1 s, which
+    gives the cost of one round with little noise; off and default alternate twice."""
+    profile = h100_node("bench-grey", gpus=8, nics=8)
+    for j, nic in enumerate(profile.nics):
+        nic.pci_address = f"0000:{0xD0 + j:02x}:00.0"
+    off = [_idle_cpu(profile, seconds, *GREY_OFF) for _ in range(2)]
+    default = [_idle_cpu(profile, seconds) for _ in range(2)]
+    fast_flags = ("--grey-threshold", "period=1")
+    fast = _idle_cpu(profile, seconds / 2, *fast_flags)
+    per_round_ms = 10 * (fast - statistics.mean(off))  # percent of a core at one round a second
+    return {
+        "idle_seconds_each": seconds,
+        "grey_off_cpu_percent": [round(v, 3) for v in off],
+        "grey_default_cpu_percent": [round(v, 3) for v in default],
+        "increase_percent_of_a_core": round(statistics.mean(default) - statistics.mean(off), 3),
+        "grey_every_1s_cpu_percent": round(fast, 3),
+        "one_round_ms": round(per_round_ms, 2),
+        "one_round_at_30s_percent_of_a_core": round(per_round_ms / 30 / 10, 4),
+    }
 
 
 def _cycle_memory(d: _Running, cycles: int, every: int = 100, concurrent: int = 8) -> dict[int, float]:

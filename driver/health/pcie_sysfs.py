@@ -19,22 +19,28 @@ from devices without the capability, and firmware-first error handling keeps err
 altogether.
 
 sysfs is the kernel's, but a test tree or a kernel bug can put anything there: every value is
-read through `read_untrusted` (bounded, no FIFO or device node, no symlink as the last
-component), from directories whose real path lies under the sysfs root, and decoded as ASCII,
-so digits of other scripts (which `int` takes) count as garbage. Nothing here raises for what a
-file holds: it is a value or None. The helpers that do this (`read_text`, `parse_decimal`,
-`real_dir`) serve the NIC counters' reader (`driver.health.nic.counters`) too.
+read bounded, never through a symlink as the last component and never blocking (a FIFO answers
+nothing), from directories whose real path lies under the sysfs root, and decoded as ASCII, so
+digits of other scripts (which `int` takes) count as garbage. Nothing here raises for what a file
+holds: it is a value or None. The helpers that do this (`read_text`, `parse_decimal`, `real_dir`)
+serve the NIC counters' reader (`driver.health.nic.counters`) too.
+
+Cost: these run for every device every grey-failure round, and resolving a directory's real path
+takes a system call per path component. So a resolved directory is remembered and only checked
+to be a directory still (one `stat`) before it is used again; one that is gone, or became
+something else, is resolved anew. A real path names its device (the PCI address, the netdev's
+name), so a remembered one that still exists is still the same device's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from driver.discovery.pcie import device_path
-from driver.fsutil import read_untrusted
 
 _PAGE = 4096  # the most a sysfs attribute holds
 _VALUE_LIMIT = 64  # a number or a speed, with room to spare
@@ -75,10 +81,23 @@ class AerCounts:
 
 def read_text(path: str, limit: int = _VALUE_LIMIT) -> str | None:
     """A sysfs attribute's ASCII text, stripped; None when it is absent, unreadable (EINVAL: a
-    value the kernel will not give now), not a regular file, over `limit` bytes or not ASCII."""
+    value the kernel will not give now), a symlink, not a regular file, over `limit` bytes or not
+    ASCII. Opened non-blocking, so a FIFO returns nothing rather than hanging the reader."""
     try:
-        return read_untrusted(Path(path), limit).decode("ascii").strip()
-    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = os.read(fd, limit + 1)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    try:
+        return data.decode("ascii").strip() if len(data) <= limit else None
+    except UnicodeDecodeError:
         return None
 
 
@@ -91,14 +110,29 @@ def parse_decimal(text: str, maximum: int) -> int | None:
     return value if value <= maximum else None
 
 
+_RESOLVED: dict[tuple[str, str], str] = {}  # (sysfs root, relative path) -> its real directory
+_RESOLVED_LIMIT = 4096  # devices come and go: forget all rather than grow
+
+
 def real_dir(sysfs_root: Path, relative: str) -> str | None:
     """The real path of a directory under `sysfs_root`, None when it is absent or its links lead
-    outside: what is read below it is then read from real directories of sysfs alone."""
+    outside: what is read below it is then read from real directories of sysfs alone. Remembered,
+    and checked to be a directory still before it is given again (module docstring)."""
     if "\0" in relative:
         return None
+    key = (str(sysfs_root), relative)
+    known = _RESOLVED.get(key)
+    if known is not None and os.path.isdir(known):
+        return known
+    _RESOLVED.pop(key, None)
     root = os.path.realpath(sysfs_root)
     real = os.path.realpath(os.path.join(root, relative))
-    return real if real.startswith(root + os.sep) and os.path.isdir(real) else None
+    if not (real.startswith(root + os.sep) and os.path.isdir(real)):
+        return None
+    if len(_RESOLVED) >= _RESOLVED_LIMIT:
+        _RESOLVED.clear()
+    _RESOLVED[key] = real
+    return real
 
 
 def parse_link_speed(text: str) -> float | None:
@@ -163,6 +197,12 @@ def read_pcie_link(sysfs_root: Path, bdf: str) -> PcieLink | None:
     )
 
 
+def port_of(sysfs_root: Path, bdf: str) -> str | None:
+    """The PCI address of the port above a function (None on the root bus, or unlisted)."""
+    parts = _function_path(sysfs_root, bdf)
+    return None if parts is None or parts[-2].startswith("pci") else parts[-2]
+
+
 def read_aer(sysfs_root: Path, bdf: str) -> AerCounts:
     """The function's AER totals; a field is None where its file, or its total, cannot be read."""
     parts = _function_path(sysfs_root, bdf)
@@ -170,5 +210,15 @@ def read_aer(sysfs_root: Path, bdf: str) -> AerCounts:
     totals = []
     for kind, total in zip(("correctable", "nonfatal", "fatal"), _AER_TOTALS, strict=True):
         text = None if function is None else read_text(f"{function}/aer_dev_{kind}", _PAGE)
-        totals.append(None if text is None else parse_aer(text).get(total))
+        totals.append(None if text is None else _total(text, total))
     return AerCounts(*totals)
+
+
+def _total(text: str, total: str) -> int | None:
+    """The count of the `total` line, found from the end (the kernel prints it last): every
+    round reads these files, and only their totals."""
+    for line in reversed(text.splitlines()):
+        name, _, count = line.strip().rpartition(" ")
+        if name == total:
+            return parse_decimal(count, _U64_MAX)
+    return None

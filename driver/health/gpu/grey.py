@@ -40,7 +40,7 @@ from driver.health.grey import (
     judge_aer,
     total,
 )
-from driver.health.pcie_sysfs import AerCounts, read_aer, read_pcie_link
+from driver.health.pcie_sysfs import AerCounts, port_of, read_aer
 from driver.node.nvml import NvmlError
 
 GPU_IDLE = 0x1
@@ -106,8 +106,7 @@ def read_gpu(nvml: Any, handle: Any, sysfs_root: Path, pci_bus_id: str) -> GpuRe
     if links:
         states = _fields(nvml, handle, [(FI_NVLINK_GET_STATE, link) for link in range(links)])
         up = None if None in states else sum(1 for s in states if s == FEATURE_ENABLED)
-    link = read_pcie_link(sysfs_root, pci_bus_id)
-    port = link.port if link is not None else None
+    port = port_of(sysfs_root, pci_bus_id)
     return GpuReading(
         gen=_call(nvml.nvmlDeviceGetCurrPcieLinkGeneration, handle),
         gen_max=_call(nvml.nvmlDeviceGetMaxPcieLinkGeneration, handle),
