@@ -10,6 +10,7 @@ that reaches the daemon misspelled or unparsable fails here and not on a node.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -24,6 +25,7 @@ import yaml
 from driver.cli import driver_parser
 from driver.config import Config
 from driver.flags import config_from_args
+from driver.health.thresholds import NAMES as GREY_THRESHOLD_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "tandem"
@@ -127,6 +129,8 @@ VALUE_SETS = {
     "nics-and-logs": ("nics.exclude={stor*,0000:3b:00.*}", "nics.shares=8", "nics.bindingConditions=true", "logging.verbosity=4",
                       "logging.format=text"),
     "metrics": ("metrics.enabled=true",),
+    "grey-thresholds": ("health.greyThresholds.window=600", "health.greyThresholds.flaps=5",
+                        "health.greyThresholds.pcie-ber=1e-13", "health.greyThresholds.nic-speed-mbps=400000"),
     "bare": ("createNamespace=false", "criticalPodsQuota=false", "admissionPolicies.ownNodeSlices=false",
              "admissionPolicies.claimConfig=false", "admissionPolicies.driverEvents=false",
              "kubeletPlugin.priorityClassName=",
@@ -166,6 +170,17 @@ def test_daemon_settings_reach_the_daemon(helm: str, monkeypatch: pytest.MonkeyP
     assert flags.verbose == 4 and flags.log_format == "text"
     # The port is the node's: a hostPort would keep the surge pod of a rolling update off the node.
     assert "ports" not in container
+
+
+def test_the_schema_knows_every_grey_threshold_and_no_other() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    grey = schema["properties"]["health"]["properties"]["greyThresholds"]
+    assert list(grey["properties"]) == list(GREY_THRESHOLD_NAMES)
+
+
+def test_grey_thresholds_reach_the_daemon(helm: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    config, _ = daemon_config(render(helm, *VALUE_SETS["grey-thresholds"]), monkeypatch)
+    assert config.grey_thresholds == ("flaps=5", "nic-speed-mbps=400000", "pcie-ber=1e-13", "window=600")
 
 
 def test_driver_name_reaches_every_place_that_must_agree(helm: str) -> None:
@@ -376,6 +391,12 @@ def test_two_releases_in_one_namespace_select_only_their_own(helm: str) -> None:
         (("image.pullPolicy=Sometimes",), "at '/image/pullPolicy'"),
         (("kubeletPlugin.tolerations=none",), "at '/kubeletPlugin/tolerations': got string, want array"),
         (("gpuSharig=all",), "additional properties 'gpuSharig' not allowed"),
+        (
+            ("health.greyThresholds.windw=600",),
+            "at '/health/greyThresholds': additional properties 'windw' not allowed",
+        ),
+        (("health.greyThresholds.window=soon",), "at '/health/greyThresholds/window': 'soon' does not match pattern"),
+        (("health.greyThresholds.flaps=-1",), "at '/health/greyThresholds/flaps': minimum"),
     ],
 )
 def test_schema_refuses_wrong_types(helm: str, values: tuple[str, ...], message: str) -> None:

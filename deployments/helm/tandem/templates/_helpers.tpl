@@ -114,3 +114,12 @@ tenant's isolation rather than merely Tandem (docs/deployment.md, 'What the char
 {{- fail "deviceClasses.gpu.extendedResourceName nvidia.com/gpu with deviceKinds lacking \"gpu\": pods asking for nvidia.com/gpu would wait for GPUs Tandem never publishes; set it to \"\" or disable deviceClasses.gpu" -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The grey-failure thresholds map as GREY_THRESHOLDS wants it: NAME=VALUE,... in name order. */}}
+{{- define "tandem.greyThresholds" -}}
+{{- $pairs := list -}}
+{{- range $name, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%v" $name $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}
