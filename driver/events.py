@@ -41,6 +41,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from driver.kube.api import KubeAPI
+from driver.kube.errors import NotFound
 from driver.model import Device, Health
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,6 @@ class EventRecorder:
         # claims of a long-running node come and go, and so would the memory of a plain dict.
         self._buckets: collections.OrderedDict[Regarding, _Bucket] = collections.OrderedDict()
         self._last_stamp = 0  # nanoseconds of the last event name made: names must not repeat
-        self._node_uid = ""
         self._health: dict[str, tuple[Health, bool]] | None = None  # device -> (health, cordoned)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -301,14 +301,15 @@ class EventRecorder:
         return out
 
     def _node_event(self, type_: str, reason: str, action: str, note: str) -> Occurrence:
-        return Occurrence(Regarding("v1", "Node", self._node, self._node_uid), type_, reason, action, note)
+        return Occurrence(Regarding("v1", "Node", self._node, ""), type_, reason, action, note)
 
     def _send(self, occurrence: Occurrence, at: float) -> None:
         regarding = occurrence.regarding
         if regarding.kind == "Node" and not regarding.uid:
-            if not self._node_uid:
-                self._node_uid = self._api.get_node(self._node).uid
-            regarding = Regarding(regarding.api_version, regarding.kind, regarding.name, self._node_uid)
+            # Read each time, never remembered: a Node deleted and registered again (or restored
+            # from an etcd backup) has another UID, and an event about the old one is about nothing.
+            uid = self._api.get_node(self._node).uid
+            regarding = Regarding(regarding.api_version, regarding.kind, regarding.name, uid)
             occurrence = Occurrence(regarding, occurrence.type, occurrence.reason, occurrence.action, occurrence.note)
         for key in [k for k, s in self._series.items() if at - s.last > SERIES_WINDOW]:
             del self._series[key]
@@ -320,8 +321,12 @@ class EventRecorder:
             series.count += 1
             series.last = at
             patch = {"series": {"count": series.count, "lastObservedTime": micro_time(at)}}
-            self._api.patch_event(series.namespace, series.name, patch)
-        else:
+            try:
+                self._api.patch_event(series.namespace, series.name, patch)
+            except NotFound:  # expired (the server keeps events an hour), deleted, or etcd restored
+                del self._series[occurrence]
+                series = None
+        if series is None:
             body = self._body(occurrence, at)
             self._api.create_event(body["metadata"]["namespace"], body)
             self._series[occurrence] = _Series(body["metadata"]["namespace"], body["metadata"]["name"], 1, at)

@@ -96,6 +96,34 @@ def test_a_repeat_becomes_a_series_of_the_first_event(setup) -> None:
     assert poll(lambda: len(_events(srv)) == 2)
 
 
+def test_a_series_whose_event_is_gone_starts_a_new_event(setup) -> None:
+    """The server keeps events an hour, and an etcd restore can lose them: a repeat of an event
+    that is gone is told in a new one, not lost to a 404 on the patch."""
+    srv, _, _, recorder = setup
+    recorder.claim_failed("default", "c", UID, "same error")
+    (first,) = wait_for("the first event", lambda: _events(srv, "default"))
+    srv.delete("events", first["metadata"]["name"], "default")
+    recorder.claim_failed("default", "c", UID, "same error")
+    (again,) = wait_for("the repeat, in a new event", lambda: _events(srv, "default"))
+    assert again["metadata"]["name"] != first["metadata"]["name"] and again["note"] == "same error"
+    assert recorder.dropped == 0
+
+
+def test_a_node_registered_again_is_the_one_events_are_about(setup) -> None:
+    """A Node deleted and registered again has another UID: its events name the Node as it is."""
+    srv, _, inventory, _ = setup
+    inventory.set_conditions("gpu-health", "gpu-1", [_xid("gpu-1")])
+    wait_for("the first node event", lambda: _events(srv, "default"))
+    srv.delete("nodes", NODE)
+    new_uid = srv.add_node(NODE)["metadata"]["uid"]
+    inventory.set_conditions("gpu-health", "gpu-1", [])
+    healthy = wait_for(
+        "the node event after it came back",
+        lambda: [e for e in _events(srv, "default") if e["reason"] == "DeviceHealthy"],
+    )
+    assert healthy[0]["regarding"]["uid"] == new_uid
+
+
 def test_an_object_gets_at_most_a_burst_then_events_are_dropped(setup, monkeypatch) -> None:
     srv, _, _, recorder = setup
     monkeypatch.setattr(events_module, "BURST", 3)
