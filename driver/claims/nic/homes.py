@@ -28,8 +28,14 @@ NICs it held) is freed first: that NIC is renamed to a name made of its PCI addr
 (`parked_name`), which no pod chose, and takes its own home name in turn. A home name any other
 netdev holds stays that netdev's: the NIC keeps its name until the home one is free.
 
+Of this boot only: after a reboot no pod's namespace holds a NIC any more, the kernel brought each
+one up under its own name and the host configured it, so a record of an earlier boot is dropped
+rather than forced on a NIC the host has made its own (removing the addresses it gave it). A
+record is tied to its boot by `boot`; a record without one (0.1.0's, or one written before the
+field) is kept as before, since it cannot tell.
+
 The file (`FORMAT_VERSION` 1): `{"version": 1, "nics": {PCI address: {"ifname", "mtu", "mac",
-"addresses"}}}`. A file without a version is the first format, the `nics` object alone; one this
+"addresses", "boot"}}}`. A file without a version is the first format, the `nics` object alone; one this
 release cannot read is set aside (`driver.fsutil`). The two instances of a rolling update share
 it under a flock.
 """
@@ -47,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from cdi import atomic_write
-from driver.fsutil import Upgrade, locked, read_json_state
+from driver.fsutil import Upgrade, boot_id, locked, read_json_state
 from driver.model import Device
 from driver.node import netlink
 from driver.untrusted import shown
@@ -106,7 +112,14 @@ class NicHomes:
     """The host identity of every exclusive NIC that is, or was until it comes back, in a pod.
     `warn`: a note for the Node's events when a NIC cannot come home (once per NIC and note)."""
 
-    def __init__(self, data_dir: Path, netns: str | None = None, warn: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(
+        self,
+        data_dir: Path,
+        netns: str | None = None,
+        warn: Callable[[str], None] = lambda _: None,
+        boot: str | None = None,
+    ) -> None:
+        self._boot = boot_id() if boot is None else boot
         self._path = Path(data_dir) / FILE
         self._lock_path = Path(data_dir) / LOCK
         self._netns = netns
@@ -115,10 +128,19 @@ class NicHomes:
         self._reported: dict[str, str] = {}  # PCI address -> the last note `warn` got for it
 
     def _read(self) -> dict[str, Any]:
+        """The records of this boot (or of none); those of an earlier one are dropped from the file."""
         nics: dict[str, Any] = read_json_state(
             self._path, "NIC homes", "nics", dict, version=FORMAT_VERSION, upgrades=UPGRADES
         )
-        return {**_strays(self._path), **nics}
+        nics = {**_strays(self._path), **nics}
+        earlier = [pci for pci, r in nics.items() if isinstance(r, dict) and r.get("boot", self._boot) != self._boot]
+        if not earlier:
+            return nics
+        for pci in earlier:
+            log.info("NIC %s: its home record is of an earlier boot; the host configured it at boot, dropped", pci)
+            del nics[pci]
+        self._write(nics)
+        return nics
 
     def _write(self, nics: Mapping[str, Any]) -> None:
         # Not fsynced: only a reboot loses what is not on disk, and after one no pod's namespace
@@ -152,6 +174,7 @@ class NicHomes:
                     "mtu": mtu if isinstance(mtu, int) and not isinstance(mtu, bool) else 0,
                     "mac": nic.mac,
                     "addresses": [*nic.ipv4, *nic.ipv6],
+                    "boot": self._boot,
                 }
                 added = True
             if added:

@@ -65,16 +65,32 @@ def nic(pci: str, ifname: str, *addresses: str, mtu: int = 9000, mac: str = "02:
 
 
 def test_a_remembered_nic_is_written_as_version_1_and_read_back(tmp_path: Path) -> None:
-    homes = NicHomes(tmp_path)
+    homes = NicHomes(tmp_path, boot="boot-1")
     homes.remember([nic(A, "ens1np0", "10.0.0.1/24", mac="02:00:00:00:00:aa")])
-    assert json.loads((tmp_path / FILE).read_text()) == {
-        "version": 1,
-        "nics": {A: {"ifname": "ens1np0", "mtu": 9000, "mac": "02:00:00:00:00:aa", "addresses": ["10.0.0.1/24"]}},
+    record = {
+        "ifname": "ens1np0",
+        "mtu": 9000,
+        "mac": "02:00:00:00:00:aa",
+        "addresses": ["10.0.0.1/24"],
+        "boot": "boot-1",
     }
-    assert NicHomes(tmp_path).home_names() == {A: "ens1np0"}
+    assert json.loads((tmp_path / FILE).read_text()) == {"version": 1, "nics": {A: record}}
+    assert NicHomes(tmp_path, boot="boot-1").home_names() == {A: "ens1np0"}
     # A retried prepare, its netdev already in the pod under the pod's name: the home stays.
     homes.remember([nic(A, "net1", "10.9.9.9/24")])
-    assert NicHomes(tmp_path).home_names() == {A: "ens1np0"}
+    assert NicHomes(tmp_path, boot="boot-1").home_names() == {A: "ens1np0"}
+
+
+def test_a_record_of_an_earlier_boot_is_dropped_and_never_forced_on_the_nic(tmp_path: Path, kernel: FakeKernel) -> None:
+    """After a reboot the kernel brought the NIC up under its own name and the host configured it:
+    the record of the boot before must not take away the addresses the host gave it."""
+    NicHomes(tmp_path, boot="boot-1").remember([nic(A, "ens1np0", "10.0.0.1/24")])
+    kernel.links["ens1np0"] = LinkHome("ens1np0", 9000, "02:00:00:00:00:0a", ("10.7.7.7/24",))
+    after = NicHomes(tmp_path, boot="boot-2")
+    assert not after.restore({A: "ens1np0"}, held=set())
+    assert kernel.links["ens1np0"].addresses == ("10.7.7.7/24",)
+    assert json.loads((tmp_path / FILE).read_text())["nics"] == {}
+    assert after.home_names() == {}
 
 
 def test_records_0_1_0_wrote_beside_nics_are_read_and_given_back(tmp_path: Path, kernel: FakeKernel) -> None:
