@@ -23,6 +23,11 @@ Commands: `quit` (the daemon exits, removing its control socket and PID file),
 Anything else is answered with an error line, as the real daemon answers an unknown command.
 `TANDEM_SIM_MPS_CVD` names a file the daemon writes its `CUDA_VISIBLE_DEVICES` to, for tests.
 
+It is as careless with its pipe directory as a closed binary running as root may be, for the
+tests to show that Tandem never starts it in one a tenant has had: it opens its PID file there by
+name, to read whether a daemon is alive and to write its own PID, so a symlink there is followed
+(the PID written into whatever it leads to) and a FIFO there blocks it.
+
 Crash tests stop it at a step, as the fake NVML stops a call (`sim.nvml.hung_at`): when
 `<TANDEM_SIM_NVML_STATE>.mps-hang` names `before:mps-start` (`-d` or `-f` before it starts the
 daemon), `after:mps-start` (the daemon up: with `-d`, before `-d` returns; with `-f`, listening
@@ -129,10 +134,9 @@ class _Daemon:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(path)
         server.listen(8)
-        pid_path = os.path.join(self.pipe_dir, PID_FILE)
-        with open(pid_path + ".tmp", "w") as f:
+        # By name, in place: a symlink there is followed and a FIFO blocks it (module docstring).
+        with open(os.path.join(self.pipe_dir, PID_FILE), "w") as f:
             f.write(f"{os.getpid()}\n")
-        os.replace(pid_path + ".tmp", pid_path)
         record = os.environ.get("TANDEM_SIM_MPS_CVD")
         if record:
             with open(record, "w") as f:
@@ -169,11 +173,10 @@ def _daemonize(pipe_dir: str, log_dir: str) -> int:
     os.makedirs(log_dir, exist_ok=True)
     _hang("before:mps-start")
     if os.fork() > 0:
-        if os.environ.get("TANDEM_SIM_NVML_STATE"):
-            deadline = time.monotonic() + 10
-            while not _alive(pipe_dir) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            _hang("after:mps-start")
+        deadline = time.monotonic() + 10  # returns once the daemon is up: its caller finds the PID file
+        while not _alive(pipe_dir) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        _hang("after:mps-start")
         return 0
     os.setsid()
     if os.fork() > 0:

@@ -37,6 +37,7 @@ from kube import (
     host_link,
     on_sim_node,
     pod,
+    pod_phase,
     report_script,
     request,
     wait_for,
@@ -179,6 +180,24 @@ def mps_daemon(node_root: Path, pid: int) -> str | None:
     return (pipe / "nvidia-cuda-mps-control.pid").read_text().strip() if front_end.returncode == 0 else None
 
 
+def host_mps_daemon(node_root: Path) -> bool:
+    """Whether a GPU's MPS control daemon answers through Tandem's own link `<gpu>/pipe` (the path
+    the claims' CDI specs name), as a container made now would reach it."""
+    for pipe in (DATA_DIR / "mps").glob("*/pipe"):
+        front_end = subprocess.run(
+            [str(node_root / "nvidia" / "usr" / "bin" / "nvidia-cuda-mps-control")],
+            input="get_server_list\n",
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+            env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
+        )
+        if front_end.returncode == 0:
+            return True
+    return False
+
+
 def held(cluster: Cluster, namespace: str, node_root: Path) -> dict[str, Any]:
     """What each pod holds, seen from its container: the process, the GPU device nodes in its
     /dev, the addresses of net1 in its network namespace, its MPS daemon; and NVML's MIG devices."""
@@ -209,6 +228,14 @@ def mps_log(cluster: Cluster) -> str:
 
 def checkpoint_claims() -> set[str]:
     return set(json.loads((DATA_DIR / "checkpoint.json").read_text())["claims"])
+
+
+def restart_pod(cluster: Cluster, tandem, namespace: str, name: str) -> None:
+    """The pod deleted (its claim with it) and made again from its workload, Running."""
+    cluster.kubectl("delete", "pod", name, "-n", namespace, "--wait=true", timeout=180)
+    (again,) = [o for o in workloads(cluster, tandem) if o["kind"] == "Pod" and o["metadata"]["name"] == name]
+    cluster.apply(again, namespace=namespace)
+    wait_for(f"pod {name} Running", lambda: pod_phase(cluster, namespace, name) == "Running", timeout=120)
 
 
 def run_pods(cluster: Cluster, tandem, namespace: str) -> None:
@@ -275,21 +302,30 @@ def test_upgrade_from_0_1_0_under_running_pods_then_back_from_a_drained_node(
 
     upgrade(cluster, helm, node_root)
     wait_for("the current driver alone and Ready", lambda: running_image(cluster) == DRIVER_IMAGES[0], timeout=240)
-    # 0.1.0's MPS daemon ran in its pod's PID namespace and ended with it: the new driver starts one
-    # on the same pipe directory, which the client's container reaches as before (docs: 'Upgrade').
-    try:
-        after = wait_for("the MPS client's daemon answering", lambda: (h := held(cluster, namespace, node_root))
-                         ["mps"]["mps"] and h, timeout=120)  # fmt: skip
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n{mps_log(cluster)}") from None
-    assert after["mps"].pop("mps") != before["mps"].pop("mps")
-    assert after == before  # the same processes, device nodes, netdev and MIG instance
-    assert host_link(home) is None
     (driver,) = driver_pods(cluster)
     out = cluster.kubectl(
         "exec", "-n", DRIVER_NAMESPACE, driver["metadata"]["name"], "--", "tandemctl", "claims", "--json"
     )
     assert {c["uid"] for c in json.loads(out)["claims"]} == prepared  # 0.1.0's checkpoint, read
+    # 0.1.0's MPS daemon ran in its pod's PID namespace and ended with it, and the CUDA contexts of
+    # its clients with it. The new driver never starts a root daemon in a directory a tenant has
+    # had (docs/security.md): the GPU's next daemon gets a fresh pipe directory, which a container
+    # made before does not see. The MPS pod is restarted, as docs/deployment.md ('Upgrade') says.
+    wait_for("the new MPS daemon answering through Tandem's link", lambda: host_mps_daemon(node_root), timeout=120)
+    after = held(cluster, namespace, node_root)
+    assert after["mps"]["mps"] is None, "the new daemon must not run in the directory 0.1.0's pod has"
+    restart_pod(cluster, tandem, namespace, "mps")
+    try:
+        after = wait_for(
+            "the restarted MPS client's daemon answering",
+            lambda: (h := held(cluster, namespace, node_root))["mps"]["mps"] and h,
+            timeout=120,
+        )
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n{mps_log(cluster)}") from None
+    others = [name for name in PODS if name != "mps"]
+    assert {k: after[k] for k in others} == {k: before[k] for k in others}  # the same processes, nodes, netdev, MIG
+    assert host_link(home) is None
 
     # From now on a restart of the driver's container keeps the daemon (hostPID, its own cgroup).
     settled = held(cluster, namespace, node_root)

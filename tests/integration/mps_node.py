@@ -59,8 +59,11 @@ class MpsNode:
 
     def daemons(self, gpu: str = "gpu-0") -> list[int]:
         """The live control daemons of `gpu` (by the pipe directory in their environment)."""
-        pipe = f"CUDA_MPS_PIPE_DIRECTORY={self.mps / gpu / 'pipe'}".encode()
-        out = []
+        return [pid for pid, pipe in self.daemon_pipes().items() if pipe.parent == self.mps / gpu]
+
+    def daemon_pipes(self) -> dict[int, Path]:
+        """Every live control daemon of this node, and the pipe directory it was started in."""
+        out = {}
         for proc in Path("/proc").iterdir():
             try:
                 cmdline = (proc / "cmdline").read_bytes()
@@ -69,8 +72,9 @@ class MpsNode:
             except (OSError, IndexError):
                 continue
             daemon = CONTROL_PROGRAM.encode() in cmdline and {b"-d", b"-f"} & set(cmdline.split(b"\0"))
-            if daemon and pipe in environ and state != "Z":
-                out.append(int(proc.name))
+            pipe = next((e.split(b"=", 1)[1] for e in environ if e.startswith(b"CUDA_MPS_PIPE_DIRECTORY=")), b"")
+            if daemon and pipe.startswith(bytes(self.mps) + b"/") and state != "Z":
+                out[int(proc.name)] = Path(pipe.decode())
         return out
 
     def close(self) -> None:

@@ -18,6 +18,7 @@ from waiting import wait_for
 
 from driver.claims.gpu.mps import MpsDaemons, MpsError
 from driver.claims.gpu.mps_identity import CONTROL_PROGRAM
+from driver.node.processes import identify, wait_gone
 from sim.driver_files import BIN_DIR
 
 UUID = "GPU-11111111-2222-3333-4444-555555555555"
@@ -184,3 +185,22 @@ def test_a_sync_holds_the_node_wide_lock_the_other_instance_of_a_rolling_update_
 
     MpsDaemons(tmp_path / "data" / "mps", driver_root, needed).sync()
     assert held == [True]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a private /dev/shm is a tmpfs mount in a mount namespace: needs root")
+def test_a_daemon_started_again_gets_a_new_dev_shm(daemons: MpsDaemons, needed: dict[str, str]) -> None:
+    """The tenants of a daemon that died may have left anything in its /dev/shm (issue 33): the
+    next daemon, root like it, gets a tmpfs no one has had."""
+    needed["gpu-0"] = UUID
+    daemons.sync()
+    pid = daemons.running("gpu-0")
+    process = identify(pid) if pid is not None else None
+    assert process is not None
+    shm = daemons.shm_dir("gpu-0")
+    (shm / "planted").symlink_to("/etc/hostname")
+    os.kill(process.pid, signal.SIGKILL)
+    assert wait_gone(process, 30)
+    daemons.sync()
+    again = daemons.running("gpu-0")
+    assert again not in (None, pid) and os.path.ismount(shm)
+    assert not os.path.lexists(shm / "planted") and not os.path.lexists(f"/proc/{again}/root/dev/shm/planted")

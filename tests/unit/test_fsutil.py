@@ -135,20 +135,20 @@ def test_state_directories_in_it_lose_group_and_other_write_and_the_tenants_side
         "instances": 0o777,
         "mps": 0o775,
         "mps/gpu-0": 0o777,
-        "mps/gpu-0/pipe": 0o777,  # the tenants' side of an MPS GPU: not Tandem's state
+        "mps/gpu-0/pipe-1": 0o777,  # the tenants' side of an MPS GPU: not Tandem's state
         "dra-device-metadata": 0o755,
         "dra-device-metadata/0b5e4a7c-1111-4a2b-8c3d-000000000001": 0o757,
     }
     for name, mode in made.items():
         (data / name).mkdir(parents=True)
         os.chmod(data / name, mode)
-    (data / "mps/gpu-0/pipe/control").symlink_to("/etc/passwd")  # what a tenant may plant there: left alone
+    (data / "mps/gpu-0/pipe").symlink_to("pipe-1")  # Tandem's link to it (driver/claims/gpu/mps_pipes.py)
     secure_data_dir(data)
     assert {name: _mode(data / name) for name in made} == {
         "instances": 0o755,
         "mps": 0o755,
         "mps/gpu-0": 0o755,
-        "mps/gpu-0/pipe": 0o777,
+        "mps/gpu-0/pipe-1": 0o777,
         "dra-device-metadata": 0o755,
         "dra-device-metadata/0b5e4a7c-1111-4a2b-8c3d-000000000001": 0o755,
     }

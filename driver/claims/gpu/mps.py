@@ -4,18 +4,17 @@ MPS (NVIDIA's Multi-Process Service) lets the CUDA processes of several pods run
 once, each held to the limits its container's environment sets (`driver.claims.gpu.sharing`). Its
 control daemon, `nvidia-cuda-mps-control -f` from the NVIDIA driver root (in the foreground, as
 NVIDIA's DRA driver runs it), is started here with `CUDA_VISIBLE_DEVICES` naming the one GPU and
-its pipe and log directories under Tandem's own state directory
-(`<data dir>/mps/<device>/{pipe,log}`), which the claims' CDI specs mount into the containers. The
-layout of the pipe directory (`control`, `nvidia-cuda-mps-control.pid`) and the management front
+its pipe and log directories under Tandem's own state directory (`<data dir>/mps/<device>/`),
+which the claims' CDI specs mount into the containers. The layout of the pipe directory (`control`, `nvidia-cuda-mps-control.pid`) and the management front
 end (`nvidia-cuda-mps-control` reading commands on stdin) are NVIDIA's ('MPS', Appendix: Tools
 and Interface Reference).
 
 What is the tenants' and what is Tandem's: the pipe directory and the private `/dev/shm` are
 mounted read-write into every container of the GPU's MPS claims, so a daemon is known only by
-Tandem's record of it (`driver.claims.gpu.mps_identity`). Of the pipe directory Tandem only
-removes what a dead daemon (or a tenant) left in the names the next daemon takes (its PID file and
-control socket), and talks to the daemon through its control socket only when that is a socket: a
-symlink there could lead to another GPU's daemon, a FIFO would stall the front end.
+Tandem's record of it (`driver.claims.gpu.mps_identity`), and none is started into a directory a
+tenant has had: each start gets a new pipe directory (`driver.claims.gpu.mps_pipes`). Tandem talks
+to a daemon through its control socket only when that is a socket: a symlink there could lead to
+another GPU's daemon, a FIFO would stall the front end.
 
 Starting, crash-safely: the daemon is started behind a gate, `sh` waiting for a line on its stdin
 before it execs the daemon (which keeps its PID and start time). Tandem records the gate's
@@ -58,7 +57,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import stat
 import subprocess
 import threading
@@ -66,13 +64,14 @@ import time
 from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 
-from driver.claims.gpu.mps_identity import CONTROL_PROGRAM, PID_FILE, RECORD, legacy_daemon, read_record, write_record
+from driver.claims.gpu.mps_identity import CONTROL_PROGRAM, RECORD, Recorded, legacy_daemon, read_record, write_record
+from driver.claims.gpu.mps_pipes import LINK, fresh, remove_tree, settle
 from driver.claims.gpu.mps_shm import release_shm, with_private_shm
 from driver.errors import DeviceError
 from driver.fsutil import locked
 from driver.node.cgroups import Cgroup, hierarchies, owner_name
 from driver.node.driver_root import BINARY_DIRS, driver_program
-from driver.node.processes import ProcessId, alive, identify, kill, wait_gone
+from driver.node.processes import alive, identify, kill, wait_gone
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +121,8 @@ class MpsDaemons:
         self._sockets: dict[str, int] = {}
 
     def pipe_dir(self, device: str) -> Path:
-        return self.root / device / "pipe"
+        """What the claims' containers mount: Tandem's link to the current daemon's pipe directory."""
+        return self.root / device / LINK
 
     def log_dir(self, device: str) -> Path:
         return self.root / device / "log"
@@ -182,18 +182,23 @@ class MpsDaemons:
     def running(self, device: str) -> int | None:
         """The PID of the device's control daemon, if the one on record runs."""
         self._reap()
-        process = read_record(self._record(device))
-        return process.pid if process is not None and alive(process) else None
+        daemon = read_record(self._record(device))
+        return daemon.process.pid if daemon is not None and alive(daemon.process) else None
 
     # --- identity: Tandem's record, never the pipe directory ----------------------------------
 
     def _record(self, device: str) -> Path:
         return self.root / device / RECORD
 
-    def _daemon(self, device: str) -> ProcessId | None:
-        """The device's running daemon: the one on record, or one an earlier release started."""
+    def _pipe(self, device: str, daemon: Recorded) -> Path:
+        return self.root / device / daemon.pipe
+
+    def _daemon(self, device: str) -> Recorded | None:
+        """The device's running daemon: the one on record, or one an earlier release started (in
+        the previous layout's pipe directory)."""
+        daemon = None
         if self._record(device).exists():
-            process = read_record(self._record(device))
+            daemon = read_record(self._record(device))
         elif (process := legacy_daemon(self.pipe_dir(device))) is not None:
             log.info(
                 "adopting the MPS control daemon of %s an earlier release started (PID %d)",
@@ -201,8 +206,9 @@ class MpsDaemons:
                 process.pid,
                 extra={"device": device},
             )
-            write_record(self._record(device), process)
-        return process if process is not None and alive(process) else None
+            daemon = Recorded(process, LINK)
+            write_record(self._record(device), daemon)
+        return daemon if daemon is not None and alive(daemon.process) else None
 
     def _reap(self) -> None:
         for pid, child in list(self._children.items()):
@@ -219,27 +225,28 @@ class MpsDaemons:
             )
         return program
 
-    def _env(self, device: str, uuid: str) -> dict[str, str]:
+    def _env(self, device: str, uuid: str, pipe: Path) -> dict[str, str]:
         return {
             **os.environ,
             "CUDA_VISIBLE_DEVICES": uuid,
-            "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(device)),
+            "CUDA_MPS_PIPE_DIRECTORY": str(pipe),
             "CUDA_MPS_LOG_DIRECTORY": str(self.log_dir(device)),
         }
 
     def _ensure(self, device: str, uuid: str) -> None:
-        process = self._daemon(device)
-        if process is not None and self._control_kept(device):
+        daemon = self._daemon(device)
+        if daemon is not None and self._control_kept(device, self._pipe(device, daemon)):
+            self._settle(device, daemon.pipe)
             return
-        if process is not None:
+        if daemon is not None:
             log.warning(
                 "the MPS control daemon of %s lost its control socket (another daemon bound it, or it "
                 "was removed): no client reaches it; restarting it",
                 device,
                 extra={"device": device},
             )
-            if not kill(process, _KILL_TIMEOUT):
-                raise MpsError(f"{device}: the MPS control daemon (PID {process.pid}) outlived SIGKILL")
+            if not kill(daemon.process, _KILL_TIMEOUT):
+                raise MpsError(f"{device}: the MPS control daemon (PID {daemon.process.pid}) outlived SIGKILL")
         self._sockets.pop(device, None)
         program = self._program()
         cgroup = self.cgroup(device)
@@ -251,9 +258,9 @@ class MpsDaemons:
             )
         output = self.root / device / "daemon.out"  # its stdout and stderr, for the error
         try:
-            for d in (self.pipe_dir(device), self.log_dir(device), self.shm_dir(device)):
+            for d in (self.log_dir(device), self.shm_dir(device)):
                 d.mkdir(parents=True, exist_ok=True)
-            self._clear_pipe_dir(device)
+            pipe = fresh(self.root / device)  # never one a tenant has had (`mps_pipes`)
             out = os.open(output, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as e:
             raise MpsError(f"{device}: preparing the MPS directories failed: {e}") from e
@@ -262,7 +269,7 @@ class MpsDaemons:
             command = with_private_shm(device, self.shm_dir(device), [str(program), "-f"])
             gate = subprocess.Popen(
                 [*_GATE, *command],
-                env=self._env(device, uuid),
+                env=self._env(device, uuid, pipe),
                 stdin=subprocess.PIPE,
                 stdout=out,
                 stderr=out,
@@ -277,7 +284,7 @@ class MpsDaemons:
             process = identify(gate.pid)
             if process is None:
                 raise OSError(f"it exited at once ({gate.wait()})")
-            write_record(self._record(device), process)
+            write_record(self._record(device), Recorded(process, pipe.name))
             self._escape(device, cgroup, gate.pid)
             assert gate.stdin is not None
             gate.stdin.write(b"\n")  # recorded: let it exec the daemon
@@ -287,15 +294,22 @@ class MpsDaemons:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 gate.wait(_QUIT_TIMEOUT)  # gone and reaped before the failure is told (SIGKILL is not instant)
             raise MpsError(f"{device}: starting {CONTROL_PROGRAM} failed: {e}") from e
-        self._wait_up(device, gate, output)
-        self._control_kept(device)  # the socket it bound, from now on
+        self._wait_up(device, gate, output, pipe)
+        self._control_kept(device, pipe)  # the socket it bound, from now on
+        self._settle(device, pipe.name)  # only now may a container mount it: the daemon has made its files
 
-    def _control_kept(self, device: str) -> bool:
+    def _settle(self, device: str, pipe: str) -> None:
+        try:
+            settle(self.root / device, pipe)
+        except OSError as e:
+            raise MpsError(f"{device}: pointing the claims' pipe directory at the daemon's failed: {e}") from e
+
+    def _control_kept(self, device: str, pipe: Path) -> bool:
         """Whether the control socket is still the one the daemon bound. Another daemon binding the
         same path (an older release's during an upgrade's overlap, which cannot see ours from its
         own PID namespace) leaves ours running but unreachable: it must then be restarted."""
         try:
-            found = os.lstat(self.pipe_dir(device) / CONTROL_SOCKET)
+            found = os.lstat(pipe / CONTROL_SOCKET)
         except OSError:
             return False
         return stat.S_ISSOCK(found.st_mode) and self._sockets.setdefault(device, found.st_ino) == found.st_ino
@@ -316,39 +330,27 @@ class MpsDaemons:
                 extra={"device": device},
             )
 
-    def _wait_up(self, device: str, gate: subprocess.Popen[bytes], output: Path) -> None:
+    def _wait_up(self, device: str, gate: subprocess.Popen[bytes], output: Path, pipe: Path) -> None:
         deadline = time.monotonic() + _START_TIMEOUT
         while (left := deadline - time.monotonic()) > 0:
             if gate.poll() is not None:
                 with open(output, "rb") as f:  # Tandem's own file, beside the pipe directory
                     why = f.read()[-300:].decode(errors="replace").strip()
                 raise MpsError(f"{device}: {CONTROL_PROGRAM} -f exited with {gate.returncode}: {why}")
-            if self._tell(device, "get_server_list", left):
+            if self._tell(pipe, "get_server_list", left):
                 return
             time.sleep(0.02)
         raise MpsError(f"{device}: the MPS control daemon did not answer within {_START_TIMEOUT:.0f}s")
 
-    def _clear_pipe_dir(self, device: str) -> None:
-        """Takes away what a dead daemon, or a tenant, left in the names the next daemon takes
-        (a daemon refuses to start while its PID file names a live process). Never opened or
-        followed; a directory in the way is moved out of the tenants' reach, beside the pipe
-        directory, and goes with it."""
-        for name in (PID_FILE, CONTROL_SOCKET):
-            path = self.pipe_dir(device) / name
-            try:
-                path.unlink(missing_ok=True)
-            except IsADirectoryError:
-                path.rename(self.root / device / f"stale-{name}-{time.time_ns()}")
-
-    def _tell(self, device: str, command: str, timeout: float) -> bool:
+    def _tell(self, pipe: Path, command: str, timeout: float) -> bool:
         """Whether the front end delivered `command` to the daemon: only through a control socket
         that is a socket (module docstring), and never for longer than `timeout`."""
         try:
-            if not stat.S_ISSOCK(os.lstat(self.pipe_dir(device) / CONTROL_SOCKET).st_mode):
+            if not stat.S_ISSOCK(os.lstat(pipe / CONTROL_SOCKET).st_mode):
                 return False
             done = subprocess.run(
                 [str(self._program())],
-                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(self.pipe_dir(device))},
+                env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(pipe)},
                 input=f"{command}\n".encode(),
                 capture_output=True,
                 timeout=timeout,
@@ -362,10 +364,13 @@ class MpsDaemons:
 
     def _stop_daemon(self, device: str) -> None:
         self._sockets.pop(device, None)
-        process = self._daemon(device)
-        if process is not None:
+        daemon = self._daemon(device)
+        if daemon is not None:
+            process = daemon.process
             log.info("stopping the MPS control daemon of %s: no claim uses it", device, extra={"device": device})
-            if not (self._tell(device, "quit", _QUIT_TIMEOUT) and wait_gone(process, _QUIT_TIMEOUT)):
+            if not (
+                self._tell(self._pipe(device, daemon), "quit", _QUIT_TIMEOUT) and wait_gone(process, _QUIT_TIMEOUT)
+            ):
                 log.warning(
                     "the MPS control daemon of %s did not quit (its control socket gone, not a socket or "
                     "unanswered); killing it",
@@ -390,4 +395,4 @@ class MpsDaemons:
             )
             return
         release_shm(self.shm_dir(device))
-        shutil.rmtree(self.root / device, ignore_errors=True)
+        remove_tree(self.root, device)  # its pipe directories are the tenants': nothing in them followed

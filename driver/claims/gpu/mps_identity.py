@@ -7,17 +7,23 @@ container's root may put anything there (a FIFO, a symlink to `/dev/zero`, anoth
 in the PID file). So Tandem keeps nothing of its own there and reads nothing from there. A daemon
 is known by its `ProcessId` (boot, PID, start time: `driver.node.processes`), recorded in
 `<device>/daemon.json` beside those directories and mounted into no container, and is signalled
-only as that process. The one exception is a daemon a release before records started: it is
-adopted once by its PID file, read as untrusted (`legacy_daemon`).
+only as that process. The record names the daemon's pipe directory too (a fresh one for each
+start: `driver.claims.gpu.mps_pipes`), in the same object, so a restarted Tandem talks to the
+daemon it adopts in the directory it was started in; a record of the release before, which had
+one directory for every start, names none, and its daemon's is `<device>/pipe`. The one exception
+is a daemon a release before records started: it is adopted once by its PID file, read as
+untrusted (`legacy_daemon`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 
 from cdi import atomic_write
+from driver.claims.gpu.mps_pipes import LINK, recordable
 from driver.fsutil import read_json_state, read_untrusted
 from driver.node.processes import ProcessId, alive, identify
 
@@ -27,17 +33,30 @@ RECORD = "daemon.json"  # in `<data dir>/mps/<device>/`, beside the pipe directo
 RECORD_VERSION = 1
 
 
-def read_record(record: Path) -> ProcessId | None:
+@dataclasses.dataclass(frozen=True)
+class Recorded:
+    """A daemon on record: its process, and the name of its pipe directory in `<device>/`."""
+
+    process: ProcessId
+    pipe: str
+
+
+def read_record(record: Path) -> Recorded | None:
     """The daemon `record` names, or None when there is none or it names no process."""
     raw = read_json_state(record, "MPS daemon record", "daemon", dict, version=RECORD_VERSION)
+    # An added field, not a new version: the release before ignores it and reaches the same
+    # directory through `<device>/pipe`, which leads to the recorded one.
+    pipe = raw.get("pipe", LINK)
     try:
-        return ProcessId.from_json(raw)
+        if not isinstance(pipe, str) or not recordable(pipe):
+            raise ValueError(f"not a pipe directory of a daemon: {pipe!r:.80}")
+        return Recorded(ProcessId.from_json(raw), pipe)
     except ValueError:
         return None
 
 
-def write_record(record: Path, process: ProcessId) -> None:
-    doc = {"version": RECORD_VERSION, "daemon": process.to_json()}
+def write_record(record: Path, daemon: Recorded) -> None:
+    doc = {"version": RECORD_VERSION, "daemon": {**daemon.process.to_json(), "pipe": daemon.pipe}}
     # Not fsynced: a reboot, the only thing that loses it, ends the daemon and changes the boot.
     atomic_write(record, json.dumps(doc).encode(), 0o600, durable=False)
 

@@ -231,6 +231,8 @@ class GpuSharing:
             env.append(("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", f"0={share.memory // MIB}M"))
         name = p.device.name
         mounts = (
+            # Tandem's link to the current daemon's pipe directory, a new one for each start: the
+            # runtime follows it when it makes the container, so this spec never goes stale (`mps_pipes`).
             cdi.Mount(
                 host_path=str(self.daemons.pipe_dir(name)), container_path=CONTAINER_PIPE_DIR, options=_PIPE_OPTIONS
             ),
