@@ -78,6 +78,9 @@ def test_a_reset_xid_without_a_recovery_action_stays_until_a_reset_or_a_clear(ap
         (record,) = json.loads((node.plugins / DRIVER / "cleared.json").read_text())["clears"]
         assert (record["device"], record["gpu"]) == ("gpu-1", gpu1.uuid)
         assert record["by"].startswith("sre (uid 0, pid "), record  # the name and the socket's peer
+        again = _ctl(node, "clear", "gpu-1", "--reason", "once more", "--by", "sre")
+        assert again.returncode == 1 and "nothing to clear" in again.stderr, again.stdout + again.stderr
+        assert len(json.loads((node.plugins / DRIVER / "cleared.json").read_text())["clears"]) == 1
         bad_clear = _ctl(node, "clear", "gpu-9", "--reason", "typo")
         assert bad_clear.returncode == 1 and "gpu-9" in bad_clear.stderr
         watch.cancel()

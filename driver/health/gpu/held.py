@@ -161,3 +161,11 @@ class HeldResets:
             log.error("cannot write %s: %s; a restart now would forget the held reset XIDs", self.path, e)
             return
         self._saved = entries
+
+
+def held_gpus(data_dir: Path, boot: str) -> set[str]:
+    """The GPUs (UUIDs) with reset XIDs held now, as the GPU monitor last wrote them (it writes at
+    every change of the held set): `tandemctl clear` has nothing to clear on any other GPU."""
+    doc = read_json_state(data_dir / FILE_NAME, "held reset XIDs", "held", dict, version=FORMAT_VERSION)
+    entries = doc.get("entries") if doc.get("boot") == boot else None
+    return {e["gpu"] for e in entries or [] if isinstance(e, dict) and isinstance(e.get("gpu"), str)}

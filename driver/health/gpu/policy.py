@@ -213,9 +213,11 @@ class GpuHealthPolicy:
         if self.is_informational_xid(xid):
             return self._info(XID, str(xid), f"{text}: an application error, the GPU is fine ({source})")
         if xid in self.reset_xids:
-            why = f"{text}: the GPU needs a reset (Xid catalog; {source})"
             if self.needs_reset(xid, action):
-                why += f"; {CLEARS_ON_RESET}"
+                why = f"{text}: the GPU needs a reset (Xid catalog; {source}); {CLEARS_ON_RESET}"
+            else:  # the driver says what it needs, and it is nothing: the quiet period clears it
+                quiet = f"clears after {self.xid_quiet_period:.0f} s without another"
+                why = f"{text}: the Xid catalog advises a reset, but {source}; {quiet}"
             return self._fault(XID, str(xid), why, self.reset_xid_effect)
         return self._fault(XID, str(xid), f"{text} ({source})", TaintEffect.NO_SCHEDULE)
 

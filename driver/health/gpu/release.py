@@ -39,8 +39,9 @@ from typing import Any
 
 from cdi import atomic_write
 from driver.errors import InvalidInput, NodeError
-from driver.fsutil import Upgrade, locked, read_json_state, unchanged
+from driver.fsutil import Upgrade, boot_id, locked, read_json_state, unchanged
 from driver.health.cordon import MAX_BY, MAX_REASON, check_text, unknown_device
+from driver.health.gpu.held import held_gpus
 from driver.health.gpu.policy import UNMONITORED
 from driver.health.gpu.resets import EVERY_GPU, RESET_EVIDENCE, ResetEvidence
 from driver.inventory.store import Inventory
@@ -105,8 +106,12 @@ class GpuReleases:
         on_reacquire: Callable[[], None] = lambda: None,
         timeout: float = RELEASE_TIMEOUT,
         evidence: ResetEvidence = RESET_EVIDENCE,
+        held: Callable[[], set[str]] | None = None,
     ) -> None:
-        """`on_reacquire` runs after a reacquire took something back (the daemon rediscovers GPUs)."""
+        """`on_reacquire` runs after a reacquire took something back (the daemon rediscovers GPUs);
+        `held`: the GPUs whose reset XIDs wait for evidence now (default: as the GPU monitor wrote
+        them, `held.held_gpus`)."""
+        self._held = held or (lambda: held_gpus(data_dir, boot_id()))
         self.path = data_dir / "released.json"
         self.clears_path = data_dir / "cleared.json"
         self._evidence = evidence
@@ -197,6 +202,11 @@ class GpuReleases:
         by = check_text("by", by, MAX_BY, required=False)
         with self._ops:
             record = Release(self._gpu_of(device), device, reason, by, rfc3339())
+            if record.gpu not in self._held():
+                raise ReleaseError(
+                    f"nothing to clear: no reset XID of {device}'s GPU waits for a reset (its other taints clear "
+                    "on their own, or by `tandemctl reacquire` or `uncordon`); nothing was recorded"
+                )
             with locked(self._file, self._lock_path):
                 entries = read_json_state(self.clears_path, "clear", "clears", list, version=FORMAT_VERSION)
                 doc = {"version": FORMAT_VERSION, "clears": [*entries, record.to_json()][-MAX_CLEARS:]}

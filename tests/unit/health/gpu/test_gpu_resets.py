@@ -10,8 +10,9 @@ import pytest
 
 from driver.health.cordon import CordonError, UnknownDevice
 from driver.health.gpu.conditions import GpuConditions
+from driver.health.gpu.held import held_gpus
 from driver.health.gpu.policy import RESET_XIDS, GpuHealthPolicy, HealthState, RecoveryAction, index_gpus
-from driver.health.gpu.release import MAX_CLEARS, GpuReleases
+from driver.health.gpu.release import MAX_CLEARS, GpuReleases, ReleaseError
 from driver.health.gpu.resets import EVERY_GPU, ResetEvidence
 from driver.inventory.store import Inventory
 from driver.model import Device, DeviceKind, GpuInfo, TaintEffect
@@ -59,6 +60,14 @@ def test_other_xids_keep_the_quiet_period(xid: int, action: int | None) -> None:
     p = GpuHealthPolicy()
     assert not p.needs_reset(xid, action)
     assert "tandemctl clear" not in p.xid(xid, action).message
+
+
+def test_a_reset_xid_the_driver_asks_nothing_for_does_not_say_the_gpu_needs_a_reset() -> None:
+    """It clears after the quiet period: a message saying the GPU needs a reset would send an SRE
+    to reset a GPU for a taint that lifts by itself ten minutes later."""
+    message = GpuHealthPolicy().xid(79, RecoveryAction.NONE).message
+    assert "needs a reset" not in message
+    assert "advises a reset, but NVML reports recovery action none; clears after 600 s without another" in message
 
 
 def test_an_ignored_reset_xid_stays_informational() -> None:
@@ -138,7 +147,7 @@ def releases(tmp_path: Path) -> tuple[GpuReleases, ResetEvidence]:
     inv.replace("gpu", [_gpu(0), _mig("mig-a", 1, 1)])
     inv.replace("nic", [Device("nic-0", DeviceKind.NIC)])
     evidence = ResetEvidence()
-    r = GpuReleases(tmp_path, inv, access=NvmlAccess(), evidence=evidence)
+    r = GpuReleases(tmp_path, inv, access=NvmlAccess(), evidence=evidence, held=lambda: {"GPU-0", "GPU-1"})
     r.load()
     return r, evidence
 
@@ -191,6 +200,30 @@ def test_a_bad_clear_changes_nothing(
     with pytest.raises(error):
         r.clear(device, reason, "bob")
     assert evidence.take() == {} and not r.clears_path.exists()
+
+
+def test_a_clear_with_nothing_held_is_refused_and_recorded_nowhere(tmp_path: Path) -> None:
+    """Saying "cleared" when nothing waited for a reset would record false evidence and leave the
+    SRE thinking a taint was lifted: the answer says there is nothing to clear, and the exit is 1."""
+    inv = Inventory()
+    inv.replace("gpu", [_gpu(0), _mig("mig-a", 1, 1)])
+    evidence = ResetEvidence()
+    r = GpuReleases(tmp_path, inv, access=NvmlAccess(), evidence=evidence, held=lambda: {"GPU-1"})
+    with pytest.raises(ReleaseError, match="nothing to clear: no reset XID of gpu-0's GPU waits for a reset"):
+        r.clear("gpu-0", "reset", "bob")
+    assert evidence.take() == {} and not r.clears_path.exists()
+    assert r.clear("mig-a", "reset", "bob") == ["mig-a"]  # GPU-1's held XID: cleared
+
+
+def test_what_is_held_is_what_the_gpu_monitor_wrote_this_boot(tmp_path: Path) -> None:
+    doc = {
+        "version": 1,
+        "held": {"boot": "b1", "entries": [{"gpu": "GPU-1", "pci": "", "subject": "GPU-1", "xid": 79}]},
+    }
+    (tmp_path / "held-resets.json").write_text(json.dumps(doc))
+    assert held_gpus(tmp_path, "b1") == {"GPU-1"}
+    assert held_gpus(tmp_path, "b2") == set()  # a reboot was the reset
+    assert held_gpus(tmp_path / "none", "b1") == set()
 
 
 def test_the_status_socket_routes_clear(releases: tuple[GpuReleases, ResetEvidence], tmp_path: Path) -> None:
