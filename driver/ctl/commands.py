@@ -49,7 +49,7 @@ EXIT_OK = 0
 EXIT_DEGRADED = 1  # also: unhealthy, or the daemon refused the request
 EXIT_USAGE = 2  # what argparse exits with
 EXIT_UNREACHABLE = 3
-READS = ("devices", "claims", "claim", "health")  # the commands that print a document
+READS = ("devices", "claims", "claim", "health")  # the commands that print one document
 
 D = TypeVar("D")
 
@@ -152,8 +152,10 @@ def _parser() -> argparse.ArgumentParser:
         "health": sub.add_parser("health", help="health summary (exit 0 healthy, 1 degraded or unhealthy)"),
         "claims": sub.add_parser("claims", help="claims prepared on this node, their devices and pods"),
         "claim": sub.add_parser("claim", help="one claim: record, pods, devices, files, status, last error"),
+        "pod": sub.add_parser("pod", help="the claims a pod holds on this node, each as `claim` tells it"),
     }
     reads["claim"].add_argument("claim", help="its UID, or NAMESPACE/NAME")
+    reads["pod"].add_argument("pod", help="NAMESPACE/NAME, as kubectl names it")
     for read in reads.values():
         out = read.add_mutually_exclusive_group()
         out.add_argument("-o", "--output", choices=OUTPUTS, default="text", help="table (text), wider, or JSON")
@@ -207,15 +209,51 @@ def _show(ns: argparse.Namespace, doc: D, render: Callable[[D, bool], str]) -> N
     print(json.dumps(doc, indent=2) if ns.output == "json" else render(doc, ns.output == "wide"))
 
 
+def _refused(status: int, doc: object) -> int:
+    """The daemon's refusal, said on stderr: exit 1."""
+    try:
+        error = checked(ErrorDoc, doc)["error"]
+    except TypeError:
+        error = f"request failed with HTTP {status}"
+    print(f"tandemctl: {error}", file=sys.stderr)
+    return EXIT_DEGRADED
+
+
+def _pod(ns: argparse.Namespace, sock: Path) -> int:
+    """An SRE is handed a pod (`ml-team/train-0`), not its claims: the claims prepared here that are
+    reserved for it, each told as `tandemctl claim` tells it."""
+    namespace, _, name = ns.pod.partition("/")
+    if not (namespace and name) or "/" in name:
+        print(f"tandemctl: pod {ns.pod!r} is not NAMESPACE/NAME", file=sys.stderr)
+        return EXIT_USAGE
+    status, doc = request(sock, "GET", "/claims", None, ns.timeout)
+    if status != 200:
+        return _refused(status, doc)
+    held = [
+        c for c in _checked(ClaimsDoc, doc, sock)["claims"] if c["namespace"] == namespace and name in c.get("pods", [])
+    ]
+    if not held:
+        print(f"tandemctl: no claim prepared on this node is reserved for pod {namespace}/{name}", file=sys.stderr)
+        return EXIT_DEGRADED
+    stories = []
+    for claim in held:
+        status, doc = request(sock, "GET", f"/claims/{quote(claim['uid'], safe='')}", None, ns.timeout)
+        if status != 200:
+            return _refused(status, doc)
+        stories.append(_checked(ClaimDoc, doc, sock))
+    if ns.output == "json":
+        print(json.dumps({"pod": f"{namespace}/{name}", "claims": stories}, indent=2))
+    else:
+        print("\n\n".join(render_claim(story, ns.output == "wide") for story in stories))
+    return EXIT_OK
+
+
 def _run(ns: argparse.Namespace, sock: Path) -> int:
+    if ns.command == "pod":
+        return _pod(ns, sock)
     status, doc = _ask(ns, sock)
     if status != 200:
-        try:
-            error = checked(ErrorDoc, doc)["error"]
-        except TypeError:
-            error = f"request failed with HTTP {status}"
-        print(f"tandemctl: {error}", file=sys.stderr)
-        return EXIT_DEGRADED
+        return _refused(status, doc)
     if ns.command == "devices":
         _show(ns, _checked(DevicesDoc, doc, sock), render_devices)
     elif ns.command == "claims":

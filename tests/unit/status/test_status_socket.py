@@ -467,6 +467,23 @@ def test_ctl_claims_table(node: Node, capsys: pytest.CaptureFixture[str]) -> Non
     assert lines[1].split() == ["ml/train", "u1", "PrepareCompleted", "gpu-0,nic-0000-1d-00-0", "-"]
 
 
+def test_ctl_pod_tells_the_claims_a_pod_holds(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    """An SRE has `ml/train-0`, not its claims' names."""
+    node.prepared["u1"] = _claim("ml", "train", "gpu-0", pods=("train-0",))
+    node.prepared["u2"] = _claim("ml", "scratch", "nic-0000-1d-00-0", pods=("train-0", "train-1"))
+    node.prepared["u3"] = _claim("other", "train", "gpu-1", pods=("train-0",))  # same pod name, another namespace
+    assert node.ctl("pod", "ml/train-0") == 0
+    out = capsys.readouterr().out
+    assert "claim: ml/train (uid u1)" in out and "claim: ml/scratch (uid u2)" in out and "other/train" not in out
+    assert node.ctl("pod", "ml/train-1", "--json") == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["pod"] == "ml/train-1" and [c["uid"] for c in doc["claims"]] == ["u2"]
+    assert node.ctl("pod", "ml/nobody") == ctl.EXIT_DEGRADED
+    assert "no claim prepared on this node is reserved for pod ml/nobody" in capsys.readouterr().err
+    assert node.ctl("pod", "train-0") == ctl.EXIT_USAGE
+    assert "is not NAMESPACE/NAME" in capsys.readouterr().err
+
+
 def test_ctl_health_exit_codes(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     assert node.ctl("health") == 0
     assert capsys.readouterr().out.startswith("healthy")
