@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import fnmatch
-import json
 import math
 import os
 import re
@@ -163,11 +162,11 @@ class Config:
     mig_binding_conditions: bool = True
     nic_binding_conditions: bool = False
 
-    def as_log(self) -> str:
-        """Every field as one JSON object, for the start-up log line: what the daemon runs with,
+    def as_log(self) -> dict[str, object]:
+        """Every field as plain JSON values, for the start-up log line: what the daemon runs with,
         whichever flag or variable set it. No field holds a secret (the kubeconfig is a path; the
         tokens it leads to are read by `driver.kube.kubeconfig` and never kept here)."""
-        return json.dumps({f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)})
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @property
     def data_dir(self) -> Path:

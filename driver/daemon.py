@@ -56,6 +56,7 @@ from driver.kubelet.liveness import PROBE_PERIOD, ProbeFile, probe_path
 from driver.kubelet.liveness import check as check_alive
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
 from driver.kubelet.server import KubeletServer
+from driver.logs import CONFIG_FIELD
 from driver.metrics import Metrics, MetricsServer, ScrapeSources
 from driver.model import MigPlacement
 from driver.node.driver_root import find_driver_files
@@ -387,7 +388,7 @@ def run_daemon(config: Config) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    log.info("starting %s pid=%d, configuration %s", describe(), os.getpid(), config.as_log())
+    log.info("starting %s pid=%d", describe(), os.getpid(), extra={CONFIG_FIELD: config.as_log()})
     try:
         daemon = Daemon(config)
         daemon.start()

@@ -17,6 +17,9 @@ import time
 from collections.abc import Iterator
 
 CONTEXT_FIELDS = ("claim", "claim_namespace", "claim_name", "device", "op")
+# A record's structured payload (the start-up configuration): a JSON object of its own in JSON
+# logs, never a string escaped inside `msg` that a log pipeline cannot query.
+CONFIG_FIELD = "configuration"
 _context: contextvars.ContextVar[tuple[tuple[str, str], ...]] = contextvars.ContextVar("tandem_log_context", default=())
 
 
@@ -45,7 +48,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        for key in CONTEXT_FIELDS:
+        for key in (*CONTEXT_FIELDS, CONFIG_FIELD):
             if hasattr(record, key):
                 out[key] = getattr(record, key)
         if record.exc_info:
@@ -59,6 +62,8 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         base = super().format(record)
+        if hasattr(record, CONFIG_FIELD):
+            base += f", {CONFIG_FIELD} {json.dumps(getattr(record, CONFIG_FIELD))}"
         ctx = " ".join(f"{k}={getattr(record, k)}" for k in CONTEXT_FIELDS if hasattr(record, k))
         return f"{base} [{ctx}]" if ctx else base
 

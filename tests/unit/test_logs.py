@@ -7,6 +7,7 @@ import json
 import logging
 
 from driver import logs
+from driver.config import Config
 
 
 def test_context_tags_every_line_in_json(monkeypatch):
@@ -24,3 +25,20 @@ def test_context_tags_every_line_in_json(monkeypatch):
     assert lines[1]["claim"] == "uid-1" and lines[1]["op"] == "nested"
     assert "claim" not in lines[2]
     logging.getLogger().handlers.clear()
+
+
+def test_the_start_up_configuration_is_an_object_in_json_and_one_json_text_in_text(monkeypatch):
+    """A log pipeline queries `configuration.node_name`; an escaped string inside `msg` it cannot."""
+    config = Config(node_name="n1").as_log()
+    for fmt in ("json", "text"):
+        stream = io.StringIO()
+        monkeypatch.setattr(logs.sys, "stderr", stream)
+        logs.setup(0, fmt)
+        logging.getLogger("driver.daemon").info("starting tandem pid=1", extra={logs.CONFIG_FIELD: config})
+        line = stream.getvalue().strip()
+        if fmt == "json":
+            record = json.loads(line)
+            assert record["msg"] == "starting tandem pid=1" and record["configuration"]["node_name"] == "n1"
+        else:
+            assert json.loads(line.split(", configuration ", 1)[1])["node_name"] == "n1"
+        logging.getLogger().handlers.clear()
