@@ -227,6 +227,8 @@ def test_metrics_service_and_service_monitor(helm: str) -> None:
     monitor = _one(render(helm, "metrics.enabled=true", api_versions=(SERVICE_MONITOR,)), "ServiceMonitor")
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # Per-pod GPU series keep their pod's `namespace` and `pod`, not the driver pod's.
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
 
 
 def test_switches_turn_their_objects_off(helm: str) -> None:
@@ -391,6 +393,18 @@ def test_two_releases_in_one_namespace_select_only_their_own(helm: str) -> None:
         (("image.pullPolicy=Sometimes",), "at '/image/pullPolicy'"),
         (("kubeletPlugin.tolerations=none",), "at '/kubeletPlugin/tolerations': got string, want array"),
         (("gpuSharig=all",), "additional properties 'gpuSharig' not allowed"),
+        (
+            ("kubeletPlugin.resources.limits.memory=320",),
+            "at '/kubeletPlugin/resources/limits/memory': got number, want string",
+        ),
+        (
+            ("kubeletPlugin.resources.requests.memory=128MB",),
+            "at '/kubeletPlugin/resources/requests/memory': '128MB' does not match",
+        ),
+        (
+            ("kubeletPlugin.resources.requests.cpu=lots",),
+            "at '/kubeletPlugin/resources/requests/cpu': 'lots' does not match",
+        ),
         (
             ("health.greyThresholds.windw=600",),
             "at '/health/greyThresholds': additional properties 'windw' not allowed",
