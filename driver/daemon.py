@@ -57,7 +57,7 @@ from driver.kubelet.liveness import check as check_alive
 from driver.kubelet.registration import dra_socket_path, registration_socket_path
 from driver.kubelet.server import KubeletServer
 from driver.logs import CONFIG_FIELD
-from driver.metrics import Metrics, MetricsServer, ScrapeSources
+from driver.metrics import Metrics, MetricsEndpoint, ScrapeSources
 from driver.model import MigPlacement
 from driver.node.driver_root import find_driver_files
 from driver.node.nvml import NVML_ACCESS
@@ -206,7 +206,7 @@ class Daemon:
             releases=self.releases,
             info=self._status_info,
         )
-        self._metrics_server: MetricsServer | None = None
+        self._metrics_endpoint: MetricsEndpoint | None = None
         discovery = discovery_loops(
             config,
             self.inventory,
@@ -307,10 +307,8 @@ class Daemon:
         self.releases.load()
         self.status.start()
         if cfg.metrics_address:
-            try:
-                self._metrics_server = self.metrics.serve(cfg.metrics_address)
-            except OSError as e:  # e.g. the other instance of a rolling update holds the port
-                log.warning("metrics not served on %s: %s", cfg.metrics_address, e)
+            self._metrics_endpoint = MetricsEndpoint(self.metrics, cfg.metrics_address)
+            self._metrics_endpoint.start()
         for source in self.sources:
             source.start()
         if self._nic_watcher is not None:
@@ -354,7 +352,10 @@ class Daemon:
             source.trigger()
 
     def stop(self) -> None:
-        """Deregister first (the kubelet stops sending new calls), then drain in-flight calls."""
+        """Deregister first (the kubelet stops sending new calls), then drain in-flight calls. The
+        metrics port goes first of all: the instance that replaces this one is waiting for it."""
+        if self._metrics_endpoint is not None:
+            self._metrics_endpoint.stop()
         self.status.stop()
         self.kubelet_server.deregister()
         self.health.close()  # open health streams end now instead of holding the grace period
@@ -373,8 +374,6 @@ class Daemon:
             source.stop()
         self.events.stop()
         self.publisher.stop()  # slices stay: a restart must not cause scheduling churn
-        if self._metrics_server is not None:
-            self._metrics_server.stop()
         self.instance.release()
         log.info("stopped")
 

@@ -16,7 +16,8 @@ what the node has prepared (at most three series per pod holding a GPU or MIG de
 the claim's record); its claim and pod labels are names the API server validated, never a UID.
 The grey-failure counters (`tandem_device_counter`) are by device and by a counter name from the
 code's own fixed lists. Over 400 lines on purpose: every family's name, help and labels are in
-this one file, which docs/deployment.md's metrics table mirrors.
+this one file, which docs/deployment.md's metrics table mirrors, beside the endpoint that serves
+them.
 """
 
 from __future__ import annotations
@@ -270,6 +271,51 @@ class MetricsServer:
         self.httpd.shutdown()
         self.httpd.server_close()
         self.thread.join(timeout=5.0)
+
+
+class MetricsEndpoint:
+    """The metrics port, served as soon as it is free. The driver pod is on the host network, so
+    during a rolling update the other instance holds the port until it stops: a surge pod that
+    gave up at its first try served no metrics until its own restart, on every node, after every
+    upgrade. So a refused bind is tried again every `retry` seconds, and the daemon lets go of the
+    port first when it stops, for the instance that replaces it."""
+
+    def __init__(self, metrics: Metrics, address: str, retry: float = 1.0) -> None:
+        self._metrics, self._address, self._retry = metrics, address, retry
+        self._server: MetricsServer | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def server(self) -> MetricsServer | None:
+        return self._server
+
+    def start(self) -> None:
+        if not self._bind(first=True):
+            self._thread = threading.Thread(target=self._keep_trying, name="metrics-bind", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+    def _bind(self, first: bool) -> bool:
+        try:
+            self._server = self._metrics.serve(self._address)
+        except OSError as e:  # EADDRINUSE: the other instance of a rolling update, most likely
+            if first:
+                log.warning("metrics port %s not free (%s): trying again every %.0f s", self._address, e, self._retry)
+            return False
+        return True
+
+    def _keep_trying(self) -> None:
+        while not self._stop.wait(self._retry):
+            if self._bind(first=False):
+                return
 
 
 def parse_address(address: str) -> tuple[str, int]:

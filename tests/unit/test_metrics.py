@@ -7,13 +7,14 @@ from dataclasses import dataclass, field
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from waiting import wait_for
 
 from driver.discovery.gpu.discover import GpuDiscovery
 from driver.discovery.nic.discover import NicDiscovery
 from driver.health.grey_monitor import GreyMonitor
 from driver.health.thresholds import GreyThresholds
 from driver.inventory.store import Inventory
-from driver.metrics import Metrics, ScrapeSources, parse_address
+from driver.metrics import Metrics, MetricsEndpoint, ScrapeSources, parse_address
 from driver.model import Condition, Device, DeviceKind, TaintEffect
 from sim import nvml as sim_nvml
 from sim.profile import h100_node
@@ -311,3 +312,21 @@ def test_series_of_an_8_gpu_8_nic_dynamic_mig_node_stay_under_500(tmp_path):
     series = len(_samples(Metrics(inv, sources)))
     print(f"series on a healthy 8-GPU + 8-NIC dynamic-MIG node: {series}")
     assert series < SERIES_BOUND
+
+
+def test_the_metrics_port_is_taken_as_soon_as_the_other_instance_lets_go() -> None:
+    """A rolling update on the host network: the surge instance finds the port held by the old
+    one, and serves metrics once it is free instead of never."""
+    holder = Metrics(Inventory()).serve("127.0.0.1:0")
+    port = holder.port
+    waiting = MetricsEndpoint(Metrics(Inventory()), f"127.0.0.1:{port}", retry=0.05)
+    waiting.start()
+    try:
+        assert waiting.server is None, "the port is held: nothing bound yet"
+        holder.stop()
+        wait_for("the port taken once free", lambda: waiting.server)
+        body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read()
+        assert b"tandem_devices" in body
+    finally:
+        waiting.stop()
+    assert waiting.server is None
