@@ -99,6 +99,11 @@ def test_chart_version_is_the_package_version() -> None:
     assert chart["version"] == semver
 
 
+def test_helm_show_readme_says_how_to_install(helm: str) -> None:
+    readme = _run(helm, "show", "readme", str(CHART))
+    assert readme.returncode == 0 and "helm install tandem" in readme.stdout, readme.stderr
+
+
 @pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
 def test_helm_lint(helm: str, strict: bool) -> None:
     # --namespace: with helm's default namespace, `default`, the chart refuses to render (below)
