@@ -9,8 +9,6 @@ address, and the claims' pods in full. Each renderer takes its document as its T
 
 from __future__ import annotations
 
-import json
-
 from driver.status.shapes import NOT_PREPARED, ClaimDoc, ClaimsDoc, DevicesDoc, HealthDoc, TaintDoc
 
 OUTPUTS = ("text", "wide", "json")
@@ -112,5 +110,16 @@ def render_health(doc: HealthDoc, wide: bool) -> str:
     daemon = {k: v for k, v in doc["daemon"].items() if k not in ("problems", "unready")}
     if daemon:
         lines.append("daemon:")
-        lines += [f"  {k}: {v if isinstance(v, str) else json.dumps(v)}" for k, v in daemon.items()]
+        lines += [f"  {k}: {_words(v)}" for k, v in daemon.items()]
     return "\n".join(lines)
+
+
+def _words(value: object) -> str:
+    """A fact of the daemon as a person reads it: `published 3, writes 7`, not a JSON object."""
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {_words(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list):
+        return ", ".join(_words(v) for v in value) or "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return text(value)

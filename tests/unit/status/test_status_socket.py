@@ -484,6 +484,14 @@ def test_ctl_pod_tells_the_claims_a_pod_holds(node: Node, capsys: pytest.Capture
     assert "is not NAMESPACE/NAME" in capsys.readouterr().err
 
 
+def test_ctl_health_tells_the_daemon_in_words_not_json(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+    node.info.update(registered=True, slices={"published": 3, "writes": 7}, binding=[])
+    assert node.ctl("health") == 0
+    out = capsys.readouterr().out
+    assert "  slices: published 3, writes 7" in out and "  registered: yes" in out and "  binding: -" in out
+    assert "{" not in out and "[" not in out
+
+
 def test_ctl_health_exit_codes(node: Node, capsys: pytest.CaptureFixture[str]) -> None:
     assert node.ctl("health") == 0
     assert capsys.readouterr().out.startswith("healthy")
