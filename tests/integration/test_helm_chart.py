@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deployments" / "helm" / "tandem"
 K8S_VERSION = "1.37.0"
 NAMESPACE = "tandem-system"
+PROMETHEUS_RULE = "monitoring.coreos.com/v1/PrometheusRule"
 SERVICE_MONITOR = "monitoring.coreos.com/v1/ServiceMonitor"
 # Stand-ins for the downward-API values the kubelet fills in.
 FIELDS = {"spec.nodeName": "node-a", "metadata.uid": "0b7f7a52-2c2f-4a5e-9b43-7a1d5f0c9e11", "status.podIP": "10.0.0.7"}
@@ -234,6 +235,26 @@ def test_metrics_service_and_service_monitor(helm: str) -> None:
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
     # Per-pod GPU series keep their pod's `namespace` and `pod`, not the driver pod's.
     assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+
+
+def test_alerts_and_dashboard_ship_with_metrics(helm: str) -> None:
+    assert not [d for d in render(helm, api_versions=(PROMETHEUS_RULE,)) if d["kind"] == "PrometheusRule"]
+    docs = render(helm, "metrics.enabled=true", api_versions=(PROMETHEUS_RULE,))
+    (group,) = _one(docs, "PrometheusRule")["spec"]["groups"]
+    assert {r["alert"] for r in group["rules"]} == {
+        "TandemDeviceUnhealthy", "TandemGreyFailure", "TandemResetHeld", "TandemPrepareErrors",
+        "TandemSlicesNotConfirmed", "TandemBindingFailures",
+    }  # fmt: skip
+    assert all(
+        "{{ $labels." in r["annotations"]["summary"] for r in group["rules"] if "$labels" in r["annotations"]["summary"]
+    )
+    assert not [
+        d for d in render(helm, "metrics.enabled=true") if d["kind"] == "PrometheusRule"
+    ]  # its CRD is not served
+    dashboard = _one(docs, "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    panels = json.loads(dashboard["data"]["tandem.json"])["panels"]
+    assert panels and all(p["targets"][0]["expr"] for p in panels)
 
 
 def test_switches_turn_their_objects_off(helm: str) -> None:

@@ -90,6 +90,17 @@ def test_docs_name_only_metrics_that_exist_and_list_every_one() -> None:
     assert metrics <= rows, f"docs/deployment.md's metrics table lacks: {sorted(metrics - rows)}"
 
 
+def test_the_shipped_alerts_and_dashboard_name_only_metrics_that_exist() -> None:
+    """A renamed metric would leave an alert that never fires and a panel that shows nothing."""
+    chart = REPO / "deployments" / "helm" / "tandem"
+    metrics = _metrics()
+    for path in (chart / "templates" / "alerts.yaml", chart / "dashboards" / "tandem.json"):
+        named = set(re.findall(r"\btandem_[a-z0-9_]*[a-z0-9]\b", path.read_text()))
+        assert named, f"{path.name} names no metric: the pattern no longer finds them"
+        unknown = sorted(n for n in named if _base_metric(n) not in metrics)
+        assert not unknown, f"{path.name} names metrics the daemon does not export: {unknown}"
+
+
 def test_readme_flag_table_names_every_daemon_flag_and_only_those() -> None:
     rows = [line for line in (REPO / "README.md").read_text().splitlines() if line.startswith("| `-")]
     listed = {f for line in rows for f in re.findall(r"(--[a-z][a-z0-9-]*)", line.split("|")[1])}
