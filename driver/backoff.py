@@ -7,6 +7,8 @@ lock-step when it comes back.
 from __future__ import annotations
 
 import random
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -41,3 +43,27 @@ class Retry:
 
     def reset(self) -> None:
         self.attempt = 0
+
+
+class KeepTrying:
+    """Tries `attempt` every `every` seconds, in a thread of its own, until it succeeds (returns
+    True) or `stop()`: for what becomes possible only once another process lets go of something
+    (a port the other instance of a rolling update holds)."""
+
+    def __init__(self, attempt: Callable[[], bool], every: float, name: str) -> None:
+        self._attempt, self._every = attempt, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every):
+            if self._attempt():
+                return

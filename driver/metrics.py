@@ -44,6 +44,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from driver.backoff import KeepTrying
 from driver.errors import Kind
 from driver.inventory.store import Inventory
 from driver.model import BINDING_FAILURE_REASONS, DeviceKind
@@ -281,41 +282,29 @@ class MetricsEndpoint:
     port first when it stops, for the instance that replaces it."""
 
     def __init__(self, metrics: Metrics, address: str, retry: float = 1.0) -> None:
-        self._metrics, self._address, self._retry = metrics, address, retry
-        self._server: MetricsServer | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    @property
-    def server(self) -> MetricsServer | None:
-        return self._server
+        self._metrics, self._address = metrics, address
+        self.server: MetricsServer | None = None
+        self._again = KeepTrying(self._bind, retry, "metrics-bind")
 
     def start(self) -> None:
-        if not self._bind(first=True):
-            self._thread = threading.Thread(target=self._keep_trying, name="metrics-bind", daemon=True)
-            self._thread.start()
+        try:
+            self.server = self._metrics.serve(self._address)
+        except OSError as e:  # EADDRINUSE: the other instance of a rolling update, most likely
+            log.warning("metrics port %s not free (%s): trying again every second", self._address, e)
+            self._again.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5.0)
-        if self._server is not None:
-            self._server.stop()
-            self._server = None
+        self._again.stop()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
 
-    def _bind(self, first: bool) -> bool:
+    def _bind(self) -> bool:
         try:
-            self._server = self._metrics.serve(self._address)
-        except OSError as e:  # EADDRINUSE: the other instance of a rolling update, most likely
-            if first:
-                log.warning("metrics port %s not free (%s): trying again every %.0f s", self._address, e, self._retry)
+            self.server = self._metrics.serve(self._address)
+        except OSError:
             return False
         return True
-
-    def _keep_trying(self) -> None:
-        while not self._stop.wait(self._retry):
-            if self._bind(first=False):
-                return
 
 
 def parse_address(address: str) -> tuple[str, int]:

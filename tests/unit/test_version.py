@@ -18,6 +18,7 @@ import pytest
 from driver import daemon
 from driver.cli import ctl_main, driver_main
 from driver.config import Config, GpuSelection
+from driver.logs import CONFIG_FIELD
 from driver.version import COMMIT_ENV, CREATED_ENV, PACKAGE, describe
 
 SHA = "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
@@ -143,9 +144,9 @@ def test_the_daemon_logs_its_build_and_configuration_at_start_up(monkeypatch, ca
     kubeconfig = tmp_path / "kubeconfig"
     config = Config(node_name="n1", kubeconfig=str(kubeconfig), dynamic_mig=GpuSelection(gpus=frozenset({"0"})))
     assert daemon.run_daemon(config) == 1
-    first = caplog.records[0].getMessage()
-    assert first.startswith(f"starting tandem-driver {VERSION} (commit 1a2b3c4d5e6f) pid=")
-    logged = json.loads(first.split(", configuration ", 1)[1])
+    first = caplog.records[0]
+    assert first.getMessage().startswith(f"starting tandem-driver {VERSION} (commit 1a2b3c4d5e6f) pid=")
+    logged = json.loads(json.dumps(getattr(first, CONFIG_FIELD)))  # as the JSON log writes it
     assert set(logged) == {f.name for f in dataclasses.fields(Config)}
     assert (logged["node_name"], logged["driver_name"], logged["kubeconfig"]) == ("n1", "tandem.dev", str(kubeconfig))
     assert logged["dynamic_mig"] == {"everything": False, "gpus": ["0"]}
