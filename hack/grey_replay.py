@@ -139,18 +139,23 @@ class Node:
         reasons = rng.choice([0x0, 0x4, 0x10, 0x14]) | (0x8 if rng.random() < 0.002 else 0) if busy else 0x1
         replays = (1 if rng.random() < 0.02 else 0) + (300 if (i, s) == self.retrain else 0)
         return GpuReading(
-            gen=state.get("gen", 5) if busy else 1, gen_max=5, width=state.get("width", 16), width_max=16,
+            gen=state.get("gen", 5) if busy else 1,
+            gen_max=5,
+            width=state.get("width", 16),
+            width_max=16,
             reasons=reasons | state.get("reasons", 0),
             replays=self._add(key, "replays", replays + adds.get("replays", 0)),
-            nvlinks=18, nvlinks_up=state.get("nvlinks_up", 18),
+            nvlinks=18,
+            nvlinks_up=state.get("nvlinks_up", 18),
             nvlink_errors=self._add(key, "nvlink_errors", adds.get("nvlink_errors", 0)),
             nvlink_crc=self._add(key, "nvlink_crc", rng.randint(0, 3) if rng.random() < 0.01 else 0),
             aer=AerCounts(
                 self._add(key, "aer_correctable", 40 if (i, s) == self.gpu_burst else 0),
-                self._add(key, "aer_nonfatal", adds.get("aer_nonfatal", 0)), 0,
+                self._add(key, "aer_nonfatal", adds.get("aer_nonfatal", 0)),
+                0,
             ),
             port_aer=AerCounts(0, 0, 0),
-        )  # fmt: skip
+        )
 
     def _nic(self, j: int, s: int, faults: list[Fault]) -> NicRead:
         rng, key = self.rng, ("nic", j)

@@ -84,7 +84,7 @@ class GreyMonitor:
         if self.kept is not None:
             with self._lock:
                 self._judge.restore(self.kept.load())
-                self._publish(self.inventory.devices(), {})
+                self._publish(*self._devices(self.inventory.devices()), {})
         self._thread = threading.Thread(target=self._run, name="grey-health", daemon=True)
         self._thread.start()
 
@@ -107,11 +107,10 @@ class GreyMonitor:
         """One round: read every device, judge, publish what changed."""
         with self._lock:
             now, wall = self.clock(), self.wall_clock()
-            devices = self.inventory.devices()
-            gpus, nics = self._devices(devices)
+            gpus, nics = self._devices(self.inventory.devices())
             verdicts = self._judge.judge(self._read_gpus(gpus), self._read_nics(nics), now, wall)
             self._judge.forget(set(self._names.values()))
-            self._publish(devices, verdicts)
+            self._publish(gpus, nics, verdicts)
             if self.kept is not None:
                 self.kept.save(self._judge.kept())
             self.rounds += 1
@@ -124,10 +123,11 @@ class GreyMonitor:
         self._names.update({d.name: d.nic.pci_address for d in nics if d.nic})
         return gpus, nics
 
-    def _publish(self, devices: list[Device], verdicts: Mapping[str, frozenset[Condition]]) -> None:
+    def _publish(
+        self, gpus: dict[str, GpuDevices], nics: list[Device], verdicts: Mapping[str, frozenset[Condition]]
+    ) -> None:
         """Sets each device's conditions where they changed: this round's verdict, or the last one
         of a device not read this round."""
-        gpus, nics = self._devices(devices)
         found: dict[str, frozenset[Condition]] = {}
         for uuid, gpu in gpus.items():
             for name in gpu.devices:

@@ -67,8 +67,15 @@ def test_the_file_is_written_only_when_the_verdicts_change(tmp_path: Path) -> No
 
 
 def test_a_bad_entry_is_ignored_and_a_bad_file_set_aside(tmp_path: Path) -> None:
-    good = {"device": "GPU-1", "condition": "pcie-degraded", "signal": "link", "state": True,
-            "value": "x8-of-x16", "reason": "PCIe link trained at x8 of x16", "since": 1000.0}  # fmt: skip
+    good = {
+        "device": "GPU-1",
+        "condition": "pcie-degraded",
+        "signal": "link",
+        "state": True,
+        "value": "x8-of-x16",
+        "reason": "PCIe link trained at x8 of x16",
+        "since": 1000.0,
+    }
     bad = [dict(good, state="yes"), dict(good, since=-1), dict(good, device=""), dict(good, value="x" * 5000), 7]
     doc = {"version": 1, "verdicts": {"boot": "b", "entries": [*bad, good]}}
     (tmp_path / FILE_NAME).write_text(json.dumps(doc))

@@ -13,14 +13,25 @@ from driver.model import Condition, TaintEffect
 
 PERIOD = 30
 HEALTHY = GpuReading(
-    gen=5, gen_max=5, width=16, width_max=16, reasons=0, replays=0, nvlinks=18, nvlinks_up=18,
-    nvlink_errors=0, nvlink_crc=0, aer=AerCounts(0, 0, 0), port_aer=AerCounts(0, 0, 0),
-)  # fmt: skip
+    gen=5,
+    gen_max=5,
+    width=16,
+    width_max=16,
+    reasons=0,
+    replays=0,
+    nvlinks=18,
+    nvlinks_up=18,
+    nvlink_errors=0,
+    nvlink_crc=0,
+    aer=AerCounts(0, 0, 0),
+    port_aer=AerCounts(0, 0, 0),
+)
 IDLE = dataclasses.replace(HEALTHY, gen=1, reasons=0x1)
 
 
-def play(reads: list[GpuReading], expected_nvlinks: int | None = 18, t: GreyThresholds | None = None
-         ) -> list[frozenset[Condition]]:  # fmt: skip
+def play(
+    reads: list[GpuReading], expected_nvlinks: int | None = 18, t: GreyThresholds | None = None
+) -> list[frozenset[Condition]]:
     """The GPU's conditions after each read, one read a period."""
     dev = GreyDevice(t or GreyThresholds())
     out = []

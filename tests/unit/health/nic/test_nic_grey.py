@@ -33,8 +33,9 @@ def reading(carrier: int = 1, speed: int | None = 400000, link: PcieLink = LINK,
     )
 
 
-def play(reads: list[NicReading], peers: int | None = 400000, t: GreyThresholds | None = None,
-         dev: GreyDevice | None = None) -> list[frozenset[Condition]]:  # fmt: skip
+def play(
+    reads: list[NicReading], peers: int | None = 400000, t: GreyThresholds | None = None, dev: GreyDevice | None = None
+) -> list[frozenset[Condition]]:
     dev = dev or GreyDevice(t or GreyThresholds())
     out = []
     for i, r in enumerate(reads):
